@@ -1,0 +1,1 @@
+"""The service: FastAPI app factory, transports, wire messages, settings, and the CLI."""

@@ -1,0 +1,137 @@
+"""A Python client for the /ws protocol: streams audio in real time and records every event and
+reply-audio frame with its arrival time. Used by `voice-agent call`, the tests and the benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import wave
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Received:
+    at: float  # time.monotonic() on arrival
+    event: dict[str, Any] | None = None
+    audio: bytes | None = None
+
+
+def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
+    """(int16 mono samples, sample rate) of a 16-bit WAV file."""
+    with wave.open(str(path)) as wav:
+        if wav.getsampwidth() != 2:
+            raise ValueError(f"{path}: need 16-bit PCM, got {8 * wav.getsampwidth()}-bit")
+        data = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
+        if wav.getnchannels() > 1:
+            data = data.reshape(-1, wav.getnchannels())[:, 0]
+        return data.copy(), wav.getframerate()
+
+
+def write_wav(path: str | Path, pcm16: bytes, rate: int) -> None:
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(pcm16)
+
+
+@dataclass
+class VoiceClient:
+    url: str
+    sample_rate: int = 16000
+    received: list[Received] = field(default_factory=list)
+    session: dict[str, Any] = field(default_factory=dict)
+    _ws: Any = None
+    _reader: asyncio.Task[None] | None = None
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: bool = False
+
+    async def connect(self, instructions: str | None = None, **extra: Any) -> dict[str, Any]:
+        import websockets
+
+        self._ws = await websockets.connect(self.url, max_size=None)
+        self._reader = asyncio.create_task(self._read())
+        start: dict[str, Any] = {"type": "session.start", "audio": {"sample_rate": self.sample_rate,
+                                                                    "encoding": "pcm16"}, **extra}
+        if instructions is not None:
+            start["instructions"] = instructions
+        await self.send_json(start)
+        self.session = await self.wait_for(lambda e: e["type"] in ("session.started", "error"), 30)
+        return self.session
+
+    async def send_json(self, data: dict[str, Any]) -> None:
+        await self._ws.send(json.dumps(data))
+
+    async def send_raw(self, data: bytes | str) -> None:
+        await self._ws.send(data)
+
+    async def stream(self, samples: np.ndarray, frame_ms: int = 20, realtime: bool = True) -> float:
+        """Send int16 samples in frames, paced in real time; returns the monotonic time at which
+        the last sample was sent."""
+        frame = self.sample_rate * frame_ms // 1000
+        start = time.monotonic()
+        for i, offset in enumerate(range(0, len(samples), frame)):
+            if realtime:
+                delay = start + i * frame_ms / 1000 - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            await self._ws.send(samples[offset:offset + frame].astype("<i2").tobytes())
+        return time.monotonic()
+
+    async def silence(self, seconds: float, frame_ms: int = 20) -> None:
+        await self.stream(np.zeros(int(self.sample_rate * seconds), dtype=np.int16), frame_ms)
+
+    async def _read(self) -> None:
+        try:
+            async for message in self._ws:
+                now = time.monotonic()
+                if isinstance(message, bytes):
+                    self.received.append(Received(now, audio=message))
+                else:
+                    self.received.append(Received(now, event=json.loads(message)))
+                self._changed.set()
+        except Exception:  # the connection closed; callers see it through `closed`
+            pass
+        finally:
+            self.closed = True
+            self._changed.set()
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        return [r.event for r in self.received if r.event is not None and (kind is None or r.event["type"] == kind)]
+
+    async def wait_for(self, predicate: Callable[[dict[str, Any]], bool], timeout: float,
+                       after: int = 0) -> dict[str, Any]:
+        """The first event (from index `after` of `received`) that matches; TimeoutError if none comes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for r in self.received[after:]:
+                if r.event is not None and predicate(r.event):
+                    return r.event
+            if self.closed:
+                raise ConnectionError("the server closed the connection")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no matching event in time")
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    def audio_between(self, start: int, end: int | None = None) -> bytes:
+        return b"".join(r.audio for r in self.received[start:end] if r.audio is not None)
+
+    async def close(self, end: bool = True) -> None:
+        if self._ws is None:
+            return
+        with contextlib.suppress(Exception):
+            if end:
+                await self.send_json({"type": "session.end"})
+            await asyncio.wait_for(self._reader or asyncio.sleep(0), 5)
+        with contextlib.suppress(Exception):
+            await self._ws.close()

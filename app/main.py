@@ -1,0 +1,55 @@
+"""The FastAPI app factory. The lifespan starts loading the backends once, in the background;
+/healthz says 503 until they are ready and 200 after."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from app import ws_native
+from app.runtime import Runtime
+from app.settings import Settings
+from pipeline.clock import Clock, MonotonicClock
+from pipeline.session import Backends
+
+log = logging.getLogger(__name__)
+STATIC = Path(__file__).parent / "static"
+
+
+def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
+               backends: Backends | None = None) -> FastAPI:
+    runtime = Runtime(settings or Settings(), clock or MonotonicClock(), backends=backends)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loading = asyncio.create_task(runtime.load())
+        try:
+            yield
+        finally:
+            loading.cancel()
+            await runtime.aclose()
+
+    app = FastAPI(title="voice-agent", version="0.1.0", lifespan=lifespan)
+    app.state.runtime = runtime
+    app.include_router(ws_native.router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    @app.get("/healthz")
+    async def healthz() -> JSONResponse:
+        body = {"status": runtime.status, "sessions": len(runtime.sessions)}
+        if runtime.load_error:
+            body["error"] = runtime.load_error
+        return JSONResponse(body, status_code=200 if runtime.ready.is_set() else 503)
+
+    return app

@@ -1,0 +1,112 @@
+"""What the app holds while it runs: settings, the clock, the loaded backends, the live sessions.
+Models load in a background thread at start-up so /healthz can answer (503) while they load."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from app.settings import Settings
+from models import registry
+from pipeline.clock import Clock
+from pipeline.config import DEFAULT_SYSTEM_PROMPT
+from pipeline.errors import VoiceAgentError
+from pipeline.session import Backends, PipelineConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    clock: Clock
+    backends: Backends | None = None
+    load_error: str | None = None
+    status: str = "starting"
+    sessions: set[str] = field(default_factory=set)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def pipeline_config(self) -> PipelineConfig:
+        s = self.settings
+        return PipelineConfig(s.endpointing, s.asr_stage, s.chunker, s.session, s.sampling())
+
+    async def load(self) -> None:
+        """Load and warm up every backend (off the event loop); sets `ready` or `load_error`."""
+        if self.backends is not None:
+            self.status = "ready"
+            self.ready.set()
+            return
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Backends] = loop.create_future()
+
+        def work() -> None:
+            try:
+                backends = load_backends(self.settings, self.clock, self._say)
+            except BaseException as exc:  # reported through the future, never lost
+                loop.call_soon_threadsafe(_set_exception, done, exc)
+            else:
+                loop.call_soon_threadsafe(_set_result, done, backends)
+
+        threading.Thread(target=work, name="model-loader", daemon=True).start()
+        try:
+            self.backends = await done
+        except VoiceAgentError as exc:
+            self.load_error = f"{exc.code}: {exc}"
+            self.status = "failed"
+            log.error("models failed to load: %s", exc)
+            return
+        except Exception as exc:
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            self.status = "failed"
+            log.exception("models failed to load")
+            return
+        self.status = "ready"
+        self.ready.set()
+        log.info("models loaded; ready for calls")
+
+    def _say(self, status: str) -> None:
+        self.status = status
+        log.info("%s", status)
+
+    async def aclose(self) -> None:
+        if self.backends is not None:
+            await self.backends.llm.aclose()
+            for worker in (self.backends.vad_worker, self.backends.asr_worker, self.backends.tts_worker):
+                worker.shutdown()
+
+
+def _set_result(fut: asyncio.Future[Backends], value: Backends) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future[Backends], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+def load_backends(settings: Settings, clock: Clock, say: object = print) -> Backends:
+    """Blocking: load the four engines and warm each one up so the first caller does not wait."""
+    report = say if callable(say) else print
+    report("loading VAD")
+    vad = registry.load_vad(settings.vad)
+    report(f"loading ASR ({settings.asr.engine}, {settings.asr.model})")
+    asr = registry.load_asr(settings.asr)
+    asr.transcribe(np.zeros(asr.sample_rate, dtype=np.float32))
+    report(f"loading TTS ({settings.tts.engine})")
+    tts = registry.load_tts(settings.tts)
+    for _ in tts.synthesize("Hello there."):
+        pass
+    report(f"loading LLM ({settings.llm.engine}, {settings.llm.model})")
+    llm = registry.load_llm(settings.llm, clock)
+    warm_up = getattr(llm, "warm_up", None)
+    if callable(warm_up):
+        warm_up()
+    return Backends(vad=vad, asr=asr, tts=tts, llm=llm)
+
+
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "Runtime", "load_backends"]

@@ -1,0 +1,232 @@
+"""The native WebSocket transport at /ws (protocol in docs/websocket.md).
+
+The socket is the edge: inbound audio is checked, converted and resampled here and queued for the
+session (bounded by `max_audio_backlog_ms`); outbound events and audio are written here, one at a
+time. A bad message gets an `error` event; the session is closed only when going on makes no sense.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from typing import Any
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocketState
+
+from app.runtime import Runtime
+from app.wire import SessionEnd, SessionStart, error_json, event_json, parse_client_text
+from pipeline.audio import StreamResampler, pcm16_to_float
+from pipeline.errors import ProtocolError
+from pipeline.events import AudioFrame, OutEvent
+from pipeline.session import Session
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+CLOSE_NORMAL = 1000
+CLOSE_POLICY = 1008
+CLOSE_ERROR = 1011
+CLOSE_TRY_LATER = 1013
+
+
+class SocketOutbound:
+    """Writes to one caller's socket; a lock keeps frames whole when tasks send at once."""
+
+    def __init__(self, websocket: WebSocket, timeout_s: float) -> None:
+        self.websocket = websocket
+        self.timeout_s = timeout_s
+        self.lock = asyncio.Lock()
+        self.closed = False
+
+    async def send_json(self, data: dict[str, Any]) -> None:
+        await self._send(self.websocket.send_text, json.dumps(data))
+
+    async def send_event(self, event: OutEvent) -> None:
+        await self.send_json(event_json(event))
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        await self._send(self.websocket.send_bytes, pcm16)
+
+    async def _send(self, fn: Any, payload: Any) -> None:
+        if self.closed:
+            return
+        async with self.lock:
+            try:
+                await asyncio.wait_for(fn(payload), self.timeout_s)
+            except (WebSocketDisconnect, RuntimeError, OSError, TimeoutError) as exc:
+                self.closed = True
+                log.info("caller socket closed while sending (%s)", type(exc).__name__)
+
+
+class Connection:
+    def __init__(self, websocket: WebSocket, runtime: Runtime) -> None:
+        self.websocket = websocket
+        self.runtime = runtime
+        self.settings = runtime.settings.server
+        self.outbound = SocketOutbound(websocket, self.settings.send_timeout_s)
+        self.session_id = "sess_" + uuid.uuid4().hex[:16]
+        self.session: Session | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.resampler: StreamResampler | None = None
+        self.errors = 0
+        self.backlog_warned_at = -1e9
+
+    async def error(self, code: str, message: str) -> None:
+        self.errors += 1
+        await self.outbound.send_json(error_json(code, message))
+
+    async def run(self) -> None:
+        clock = self.runtime.clock
+        deadline = clock.now() + self.settings.max_session_s
+        try:
+            while True:
+                remaining = deadline - clock.now()
+                if remaining <= 0:
+                    await self.error("session_expired", f"calls are limited to {self.settings.max_session_s:.0f} s")
+                    return await self.close(CLOSE_NORMAL)
+                try:
+                    message = await asyncio.wait_for(self.websocket.receive(), remaining)
+                except TimeoutError:
+                    continue
+                if message["type"] == "websocket.disconnect":
+                    return
+                if self.task is not None and self.task.done():
+                    return await self._session_crashed()
+                keep_going = await self.handle(message)
+                if not keep_going:
+                    return
+                if self.errors >= self.settings.max_protocol_errors:
+                    await self.error("too_many_errors", f"{self.errors} bad messages; closing the session")
+                    return await self.close(CLOSE_POLICY)
+        finally:
+            await self.stop_session()
+
+    async def handle(self, message: dict[str, Any]) -> bool:
+        data = message.get("bytes")
+        if data is not None:
+            await self.handle_audio(data)
+            return True
+        text = message.get("text")
+        if text is None:
+            return True
+        if len(text.encode()) > self.settings.max_text_bytes:
+            await self.error("message_too_large", f"text messages are limited to {self.settings.max_text_bytes} bytes")
+            return True
+        try:
+            parsed = parse_client_text(text)
+        except ProtocolError as exc:
+            await self.error(exc.code, str(exc))
+            return True
+        if isinstance(parsed, SessionEnd):
+            await self.stop_session()
+            await self.close(CLOSE_NORMAL)
+            return False
+        await self.start_session(parsed)
+        return True
+
+    async def start_session(self, start: SessionStart) -> None:
+        if self.session is not None:
+            await self.error("session_already_started", "session.start was already accepted on this connection")
+            return
+        runtime = self.runtime
+        assert runtime.backends is not None
+        instructions = start.instructions
+        limit = runtime.settings.session.max_instructions_chars
+        if instructions is not None and len(instructions) > limit:
+            await self.error("instructions_too_long", f"instructions are limited to {limit} characters")
+            return
+        output_rate = (start.output_audio.sample_rate if start.output_audio else None) or runtime.backends.tts.sample_rate
+        self.resampler = StreamResampler(start.audio.sample_rate, runtime.backends.vad.sample_rate)
+        self.session = Session(
+            runtime.backends, runtime.pipeline_config(), runtime.clock, self.outbound,
+            output_rate=output_rate, system_prompt=instructions or None,
+        )
+        await self.outbound.send_json({
+            "type": "session.started",
+            "session_id": self.session_id,
+            "input_audio": {"sample_rate": start.audio.sample_rate, "encoding": "pcm16"},
+            "output_audio": {"sample_rate": output_rate, "encoding": "pcm16"},
+        })
+        self.task = asyncio.create_task(self.session.run())
+        log.info("%s started (input %d Hz, output %d Hz)", self.session_id, start.audio.sample_rate, output_rate)
+
+    async def handle_audio(self, data: bytes) -> None:
+        if self.session is None or self.resampler is None:
+            await self.error("session_not_started", "send session.start before any audio")
+            return
+        if len(data) > self.settings.max_frame_bytes:
+            await self.error("frame_too_large",
+                             f"audio frames are limited to {self.settings.max_frame_bytes} bytes, got {len(data)}")
+            return
+        if len(data) % 2:
+            await self.error("invalid_audio_frame", f"PCM16 frames need an even number of bytes, got {len(data)}")
+            return
+        if not data:
+            return
+        queued_ms = self.session.audio_in.qsize() * 1000 * len(data) / 2 / self.resampler.in_rate
+        if queued_ms > self.settings.max_audio_backlog_ms:
+            now = self.runtime.clock.now()
+            if now - self.backlog_warned_at > 1.0:
+                self.backlog_warned_at = now
+                await self.error("audio_backlog",
+                                 "audio is arriving faster than it can be processed; frames are being dropped")
+            return
+        samples = self.resampler(pcm16_to_float(data))
+        await self.session.audio_in.put(AudioFrame(samples, self.runtime.clock.now()))
+
+    async def _session_crashed(self) -> None:
+        assert self.task is not None
+        exc = self.task.exception() if not self.task.cancelled() else None
+        log.error("%s: session failed: %r", self.session_id, exc)
+        code = getattr(exc, "code", "internal_error")
+        await self.outbound.send_json(error_json(code, f"the session failed: {exc}; please reconnect"))
+        await self.close(CLOSE_ERROR)
+
+    async def stop_session(self) -> None:
+        if self.session is None or self.task is None:
+            return
+        session, task = self.session, self.task
+        self.session = None
+        await session.audio_in.put(None)
+        try:
+            await asyncio.wait_for(asyncio.shield(task), 5.0)
+        except TimeoutError:
+            task.cancel()
+        except Exception as exc:  # already reported or the caller is gone; keep the server up
+            log.warning("%s ended with %r", self.session_id, exc)
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+    async def close(self, code: int) -> None:
+        if self.websocket.application_state == WebSocketState.CONNECTED:
+            with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+                await self.websocket.close(code)
+
+
+@router.websocket("/ws")
+async def ws_endpoint(websocket: WebSocket) -> None:
+    runtime: Runtime = websocket.app.state.runtime
+    await websocket.accept()
+    if not runtime.ready.is_set():
+        detail = runtime.load_error or runtime.status
+        await websocket.send_text(json.dumps(error_json("not_ready", f"models are not loaded yet ({detail})")))
+        await websocket.close(CLOSE_TRY_LATER)
+        return
+    if len(runtime.sessions) >= runtime.settings.server.max_sessions:
+        await websocket.send_text(json.dumps(error_json(
+            "server_busy", f"all {runtime.settings.server.max_sessions} call slots are taken; try again later")))
+        await websocket.close(CLOSE_TRY_LATER)
+        return
+    connection = Connection(websocket, runtime)
+    runtime.sessions.add(connection.session_id)
+    try:
+        await connection.run()
+    except WebSocketDisconnect:
+        pass
+    finally:
+        runtime.sessions.discard(connection.session_id)
+        log.info("%s closed", connection.session_id)

@@ -1,0 +1,66 @@
+"""Settings sections of the model backends (composed into app.settings.Settings). Each backend is
+handed only its own section."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class VadConfig(BaseModel):
+    engine: Literal["silero"] = "silero"
+
+
+class AsrConfig(BaseModel):
+    engine: Literal["faster-whisper"] = "faster-whisper"
+    model: str = Field("whisper-tiny.en", description="pack name, local folder, or Hugging Face id")
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    compute_type: str = Field("int8", description="int8 on CPU; float16 on CUDA")
+    threads: int = Field(2, ge=0, description="CPU threads for CTranslate2 (0: its default)")
+    language: str | None = "en"
+    beam_size: int = Field(1, ge=1, le=10)
+
+
+class TtsConfig(BaseModel):
+    engine: Literal["hibari", "espeak-ng", "coqui-xtts"] = "hibari"
+    voice: str = Field("", description="engine-specific voice; empty for the engine's default")
+    speed: float = Field(1.0, gt=0.25, le=4.0)
+    threads: int = Field(1, ge=1)
+    # coqui-xtts (GPU deployments): model name and the speaker reference clip it clones
+    coqui_model: str = "tts_models/multilingual/multi-dataset/xtts_v2"
+    coqui_speaker_wav: str = ""
+    coqui_language: str = "en"
+    coqui_device: str = "cuda"
+
+
+class SpeculativeConfig(BaseModel):
+    method: Literal["off", "ngram", "draft_model"] = "off"
+    num_speculative_tokens: int | Literal["auto"] = "auto"
+    max_speculative_tokens: int = Field(8, ge=0, le=8)
+    draft_model: str = Field("qwen2.5-0.5b-instruct", description="for method draft_model")
+    ngram_min: int = Field(1, ge=1)
+    ngram_max: int = Field(4, ge=1)
+    memory_budget_gb: float = Field(
+        12.0, gt=0, description="refuse to load target + draft + KV caches beyond this many GiB"
+    )
+
+
+class LlmConfig(BaseModel):
+    engine: Literal["embedded", "openai"] = "embedded"
+    model: str = Field("qwen2.5-0.5b-instruct", description="pack name, local folder, or Hugging Face id")
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
+    threads: int = Field(0, ge=0, description="torch threads (0: torch's default, the core count)")
+    max_context_tokens: int = Field(4096, ge=256)
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    top_p: float = Field(0.8, gt=0.0, le=1.0)
+    top_k: int = Field(20, ge=0)
+    max_tokens: int = Field(160, ge=1, le=4096)
+    speculative: SpeculativeConfig = SpeculativeConfig()
+    # engine "openai": any OpenAI-compatible server (vLLM in production)
+    base_url: str = "http://localhost:8000/v1"
+    api_key: str = ""
+    remote_model: str = Field("", description="model name the remote server serves (empty: ask /models)")
+    connect_timeout_s: float = Field(2.0, gt=0)
+    read_timeout_s: float = Field(10.0, gt=0, description="longest silence between streamed tokens")
+    retries_before_first_token: int = Field(1, ge=0, le=5)

@@ -1,0 +1,151 @@
+"""The narrow interfaces between the pipeline and the model engines.
+
+Every engine method here is blocking unless it is `async`; the pipeline calls blocking ones on the
+engine's own worker thread (see models/worker.py), never on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+Audio = npt.NDArray[np.float32]  # mono samples in [-1, 1]
+
+
+class VadStream(Protocol):
+    """One caller's voice-activity state."""
+
+    def probabilities(self, samples: Audio) -> list[float]:
+        """Feed 16 kHz samples; one speech probability per complete window (leftovers are kept)."""
+        ...
+
+
+class VoiceActivityDetector(Protocol):
+    sample_rate: int
+    window_samples: int
+
+    def new_stream(self) -> VadStream: ...
+
+
+class SpeechRecognizer(Protocol):
+    sample_rate: int
+
+    def transcribe(self, audio: Audio) -> str:
+        """Blocking: the text of 16 kHz mono audio ("" when nothing was said)."""
+        ...
+
+
+class Synthesizer(Protocol):
+    name: str
+    sample_rate: int
+
+    def synthesize(self, text: str) -> Iterator[Audio]:
+        """Blocking: audio chunks for the text, each as soon as it is ready."""
+        ...
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy. top_k 0 and top_p 1.0 switch those filters off."""
+
+    temperature: float = 0.7
+    top_p: float = 0.8
+    top_k: int = 20
+    max_tokens: int = 160
+    seed: int | None = None
+
+
+@dataclass
+class GenerationStats:
+    """What one generation did. The speculative fields stay zero under plain decoding."""
+
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens actually computed (the rest came from the KV cache)
+    completion_tokens: int = 0
+    time_to_first_token_ms: float = 0.0
+    duration_ms: float = 0.0
+    finish_reason: str = "stop"
+    method: str = "off"
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    k_chosen: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return 1000.0 * self.completion_tokens / self.duration_ms if self.duration_ms > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.accepted_tokens / self.drafts if self.drafts else 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "completion_tokens": self.completion_tokens,
+            "time_to_first_token_ms": round(self.time_to_first_token_ms, 1),
+            "duration_ms": round(self.duration_ms, 1),
+            "tokens_per_second": round(self.tokens_per_second, 2),
+            "finish_reason": self.finish_reason,
+            "method": self.method,
+            "drafts": self.drafts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "accepted_per_position": list(self.accepted_per_position),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_acceptance_length": round(self.mean_acceptance_length, 3),
+            "k_chosen": list(self.k_chosen),
+        }
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class GenerationDone:
+    stats: GenerationStats
+
+
+LLMOutput = TextDelta | GenerationDone
+
+
+class Conversation(Protocol):
+    """One caller's conversation with a language model: backends may keep state between turns
+    (the embedded one keeps its KV cache so a turn computes only its new tokens)."""
+
+    async def prepare(self, messages: Sequence[ChatMessage]) -> None:
+        """Optional head start: compute what can be computed before the caller has finished."""
+        ...
+
+    def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[LLMOutput]:
+        """Stream the assistant's reply to `messages`: text deltas, then one GenerationDone.
+        Closing the iterator early cancels the generation."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class LanguageModel(Protocol):
+    name: str
+
+    def conversation(self) -> Conversation: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,39 @@
+"""PCM conversions and resampling (soxr, streaming so chunk edges leave no clicks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import soxr
+
+from models.protocols import Audio
+
+SUPPORTED_INPUT_RATES = (8000, 16000, 24000, 48000)
+
+
+def pcm16_to_float(data: bytes) -> Audio:
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def float_to_pcm16(samples: Audio) -> bytes:
+    return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+class StreamResampler:
+    """Resamples a stream chunk by chunk; a no-op when the rates match."""
+
+    def __init__(self, in_rate: int, out_rate: int) -> None:
+        self.in_rate, self.out_rate = in_rate, out_rate
+        self._stream = None if in_rate == out_rate else soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32")
+
+    def __call__(self, samples: Audio, last: bool = False) -> Audio:
+        if self._stream is None:
+            return samples
+        out: Audio = self._stream.resample_chunk(samples, last=last)
+        return out
+
+
+def resample(samples: Audio, in_rate: int, out_rate: int) -> Audio:
+    if in_rate == out_rate:
+        return samples
+    out: Audio = soxr.resample(samples, in_rate, out_rate).astype(np.float32, copy=False)
+    return out

@@ -1,0 +1,110 @@
+"""The phrase chunker: cuts streamed reply text into phrases a synthesizer can speak at once.
+
+The first phrase ends at the first natural clause (so the first audio comes early), later ones at
+sentence ends or at clauses once they are long enough; a run-on is cut at a word boundary.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import AsyncIterator
+
+from pipeline.config import ChunkerConfig
+from pipeline.clock import Clock
+from pipeline.events import Phrase, ReplyEvent, ReplyFinished, ReplyText
+
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]”’]*(?=\s)|\n+")
+_CLAUSE_END = re.compile(r"[,;:]+(?=\s)|\s[—–-]{1,2}(?=\s)|—")
+_ABBREVIATIONS = {
+    "mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "prof", "no", "approx", "inc", "ltd",
+}
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def _is_abbreviation(text: str, dot: int) -> bool:
+    """Whether the '.' at `dot` ends an abbreviation or an initial rather than a sentence."""
+    if text[dot] != ".":
+        return False
+    word = text[: dot].rsplit(None, 1)[-1] if text[:dot].strip() else ""
+    word = word.lstrip("(\"'“‘").lower()
+    return word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())
+
+
+class PhraseChunker:
+    def __init__(self, config: ChunkerConfig) -> None:
+        self.config = config
+        self.buffer = ""
+        self.count = 0  # phrases cut so far
+
+    def push(self, text: str) -> list[str]:
+        self.buffer += text
+        phrases = []
+        while (cut := self._next_cut()) is not None:
+            phrase, self.buffer = self.buffer[:cut].strip(), self.buffer[cut:].lstrip()
+            if phrase:
+                phrases.append(phrase)
+                self.count += 1
+        return phrases
+
+    def flush(self) -> list[str]:
+        phrase, self.buffer = self.buffer.strip(), ""
+        if phrase:
+            self.count += 1
+            return [phrase]
+        return []
+
+    def _next_cut(self) -> int | None:
+        text = self.buffer
+        min_words = self.config.first_min_words if self.count == 0 else self.config.min_words
+        for match in _SENTENCE_END.finditer(text):
+            if not _is_abbreviation(text, match.start()) and _words(text[: match.end()]) >= 1:
+                return match.end()
+        for match in _CLAUSE_END.finditer(text):
+            if _words(text[: match.start()]) >= min_words:
+                return match.end()
+        if _words(text) > self.config.max_words:
+            # cut before the last complete word that keeps the phrase within max_words
+            spans = [m.end() for m in re.finditer(r"\S+(?=\s)", text)]
+            return spans[self.config.max_words - 1] if len(spans) >= self.config.max_words else None
+        return None
+
+
+_MARKDOWN = re.compile(r"[*_#`>|~]+|^\s*(?:[-•]|\d+[.)])\s+", re.MULTILINE)
+_URL = re.compile(r"https?://\S+")
+
+
+def speakable(text: str) -> str:
+    """Text a synthesizer should say: no markdown marks, list bullets, URLs or emoji."""
+    text = _URL.sub("a link", text)
+    text = _MARKDOWN.sub(" ", text)
+    text = "".join(ch for ch in text if unicodedata.category(ch) not in ("So", "Cs", "Co", "Cn"))
+    return " ".join(text.split())
+
+
+async def chunk_stage(
+    events: AsyncIterator[ReplyEvent], config: ChunkerConfig, clock: Clock
+) -> AsyncIterator[ReplyEvent]:
+    """ReplyText in (passed on), Phrase out as each phrase completes; flushes at ReplyFinished."""
+    chunker = PhraseChunker(config)
+    turn_id = 0
+
+    def phrase(text: str) -> Phrase:
+        return Phrase(turn_id, chunker.count - 1, text, speakable(text), clock.now())
+
+    async for event in events:
+        if isinstance(event, ReplyText):
+            turn_id = event.turn_id
+            yield event
+            for text in chunker.push(event.text):
+                yield phrase(text)
+        elif isinstance(event, ReplyFinished):
+            turn_id = event.turn_id
+            for text in chunker.flush():
+                yield phrase(text)
+            yield event
+        else:
+            yield event

@@ -1,0 +1,40 @@
+"""Settings sections of the pipeline (composed into app.settings.Settings)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a friendly, helpful voice assistant on a phone call. Your replies are spoken aloud, so "
+    "answer in one to three short, natural sentences. Never use lists, markdown, code, or emoji. "
+    "When the caller asks for something, confirm it back in their own words."
+)
+
+
+class EndpointingConfig(BaseModel):
+    threshold: float = Field(0.5, gt=0, lt=1, description="speech probability that counts as speech")
+    neg_threshold: float | None = Field(None, description="below this counts as silence (default threshold - 0.15)")
+    min_speech_ms: int = Field(160, ge=0, description="speech must last this long to start a turn (or barge in)")
+    end_silence_ms: int = Field(480, ge=64, description="silence that ends the caller's turn")
+    prefix_padding_ms: int = Field(300, ge=0, description="audio before the detected start given to ASR")
+    max_turn_s: float = Field(30.0, gt=1, description="a turn longer than this is ended")
+
+
+class AsrStageConfig(BaseModel):
+    partials: bool = True
+    partial_interval_ms: int = Field(700, ge=100, description="new speech between interim transcripts")
+
+
+class ChunkerConfig(BaseModel):
+    first_min_words: int = Field(2, ge=1, description="the first phrase may end at a clause after this many words")
+    min_words: int = Field(6, ge=1, description="later phrases end at a clause after this many words")
+    max_words: int = Field(24, ge=4, description="a phrase is cut at a word boundary beyond this")
+
+
+class SessionConfig(BaseModel):
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    max_instructions_chars: int = Field(4000, ge=0)
+    max_history_messages: int = Field(24, ge=2, description="older turns are dropped from the prompt")
+    output_chunk_ms: int = Field(40, ge=10, le=500, description="reply audio per binary frame")
+    output_lead_ms: int = Field(300, ge=0, description="how far reply audio may run ahead of real time")
+    apology: str = "Sorry, I'm having trouble answering right now. Could you say that again?"

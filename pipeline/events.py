@@ -1,0 +1,129 @@
+"""Every event that flows between stages, in one place. Frozen: a stage never changes what it got.
+
+Times (`at`) are seconds from the session's injected Clock. Audio inside the pipeline is float32
+mono: 16 kHz on the input side, the output rate on the reply side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from models.protocols import Audio, ChatMessage, GenerationStats
+
+# -- input side: audio in -> endpointing -> ASR ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AudioFrame:
+    samples: Audio  # 16 kHz
+    at: float
+
+
+@dataclass(frozen=True)
+class SpeechStarted:
+    turn_id: int
+    at: float
+    audio_ms: float  # where speech began in the caller's audio stream
+
+
+@dataclass(frozen=True)
+class SpeechAudio:
+    turn_id: int
+    samples: Audio  # 16 kHz, the turn's speech (with its prefix padding)
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    turn_id: int
+    at: float  # when endpointing decided the turn is over: the `speech_end` mark
+    audio_ms: float  # where speech ended in the caller's audio stream
+    forced: bool = False  # cut at the turn length limit rather than by silence
+
+
+@dataclass(frozen=True)
+class TranscriptPartial:
+    turn_id: int
+    text: str
+    at: float
+
+
+@dataclass(frozen=True)
+class TranscriptFinal:
+    turn_id: int
+    text: str
+    at: float
+
+
+SpeechEvent = SpeechStarted | SpeechAudio | SpeechStopped
+
+# -- reply side: LLM -> phrase chunker -> TTS -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReplyRequest:
+    turn_id: int
+    messages: tuple[ChatMessage, ...]
+    at: float
+
+
+@dataclass(frozen=True)
+class ReplyText:
+    """A piece of the reply's text as the LLM produced it."""
+
+    turn_id: int
+    text: str
+    at: float
+
+
+@dataclass(frozen=True)
+class ReplyFinished:
+    """The LLM finished (or failed) this reply; stats as the backend measured them."""
+
+    turn_id: int
+    stats: GenerationStats | None
+    at: float
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Phrase:
+    """A speakable piece of the reply, cut where a listener would pause."""
+
+    turn_id: int
+    index: int
+    text: str  # as the LLM wrote it (what the history keeps)
+    speech: str  # cleaned for the synthesizer (no markdown, no emoji)
+    at: float
+
+
+@dataclass(frozen=True)
+class ReplyAudio:
+    turn_id: int
+    phrase_index: int
+    samples: Audio  # at the session's output rate
+    at: float
+
+
+ReplyEvent = ReplyText | ReplyFinished | Phrase | ReplyAudio
+
+# -- what the session tells its transport -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResponseDone:
+    turn_id: int
+    text: str  # what the caller was sent
+    status: str  # completed | interrupted | failed
+    latency_ms: dict[str, float]
+    llm: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    code: str
+    message: str
+    turn_id: int | None = None
+
+
+InputEvent = SpeechStarted | SpeechStopped | TranscriptPartial | TranscriptFinal | ErrorEvent
+OutEvent = InputEvent | ReplyText | ResponseDone

@@ -1,0 +1,34 @@
+"""The LLM stage: a reply request in, the reply's text out as it streams, then ReplyFinished."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from models.protocols import Conversation, GenerationDone, SamplingParams, TextDelta
+from pipeline.clock import Clock
+from pipeline.errors import VoiceAgentError
+from pipeline.events import ReplyEvent, ReplyFinished, ReplyRequest, ReplyText
+
+log = logging.getLogger(__name__)
+
+
+async def llm_stage(
+    requests: AsyncIterator[ReplyRequest],
+    conversation: Conversation,
+    params: SamplingParams,
+    clock: Clock,
+) -> AsyncIterator[ReplyEvent]:
+    async for request in requests:
+        produced = False
+        try:
+            async for output in conversation.stream(request.messages, params):
+                if isinstance(output, TextDelta):
+                    produced = True
+                    yield ReplyText(request.turn_id, output.text, clock.now())
+                elif isinstance(output, GenerationDone):
+                    yield ReplyFinished(request.turn_id, output.stats, clock.now())
+        except VoiceAgentError as exc:
+            log.warning("turn %d: LLM failed after %s text: %s", request.turn_id,
+                        "some" if produced else "no", exc)
+            yield ReplyFinished(request.turn_id, None, clock.now(), error=f"{exc.code}: {exc}")

@@ -1,0 +1,294 @@
+"""One caller's session: the whole flow of the voice pipeline, wired in one place.
+
+    audio in -> vad_stage -> asr_stage                         (the input line, for the whole call)
+    transcript -> llm_stage -> chunk_stage -> tts_stage -> playout -> audio out   (one reply line per turn)
+
+The input line runs for the whole call. Each final transcript starts a reply: a producer task runs
+the reply line and fills a playout queue; a player task sends its audio no faster than real time
+(plus a small lead), so "sent" stays close to "heard". When the caller speaks during a reply
+(barge-in) the reply's generation is bumped, both tasks are cancelled, the LLM and TTS work stops,
+and the history keeps only the part of the reply that was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from models.protocols import (
+    ChatMessage,
+    Conversation,
+    GenerationStats,
+    LanguageModel,
+    SamplingParams,
+    SpeechRecognizer,
+    Synthesizer,
+    VoiceActivityDetector,
+)
+from models.worker import ModelWorker
+from pipeline.asr_stage import asr_stage
+from pipeline.audio import float_to_pcm16, resample
+from pipeline.chunker import chunk_stage
+from pipeline.clock import Clock
+from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
+from pipeline.endpointing import vad_stage
+from pipeline.events import (
+    AudioFrame,
+    ErrorEvent,
+    InputEvent,
+    OutEvent,
+    Phrase,
+    ReplyAudio,
+    ReplyFinished,
+    ReplyRequest,
+    ReplyText,
+    ResponseDone,
+    SpeechStarted,
+    SpeechStopped,
+    TranscriptFinal,
+)
+from pipeline.llm_stage import llm_stage
+from pipeline.tts_stage import tts_stage
+from pipeline.turns import PhraseLedger, Turn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Backends:
+    """The loaded engines, shared by all sessions, each with its own worker thread."""
+
+    vad: VoiceActivityDetector
+    asr: SpeechRecognizer
+    tts: Synthesizer
+    llm: LanguageModel
+    vad_worker: ModelWorker = field(default_factory=lambda: ModelWorker("vad"))
+    asr_worker: ModelWorker = field(default_factory=lambda: ModelWorker("asr"))
+    tts_worker: ModelWorker = field(default_factory=lambda: ModelWorker("tts"))
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    endpointing: EndpointingConfig
+    asr: AsrStageConfig
+    chunker: ChunkerConfig
+    session: SessionConfig
+    sampling: SamplingParams
+
+
+class Outbound(Protocol):
+    """The transport's side: each call returns once the message is written to the caller."""
+
+    async def send_event(self, event: OutEvent) -> None: ...
+
+    async def send_audio(self, pcm16: bytes) -> None: ...
+
+
+@dataclass
+class Reply:
+    turn: Turn
+    ledger: PhraseLedger = field(default_factory=PhraseLedger)
+    playout: asyncio.Queue[ReplyAudio | None] = field(default_factory=asyncio.Queue)
+    stats: GenerationStats | None = None
+    error: str | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    finished: bool = False
+
+
+async def _one(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:
+    yield item
+
+
+class Session:
+    def __init__(
+        self,
+        backends: Backends,
+        config: PipelineConfig,
+        clock: Clock,
+        outbound: Outbound,
+        *,
+        output_rate: int,
+        system_prompt: str | None = None,
+        on_turn: Callable[[ResponseDone], Awaitable[None] | None] | None = None,
+    ) -> None:
+        self.backends = backends
+        self.config = config
+        self.clock = clock
+        self.outbound = outbound
+        self.output_rate = output_rate
+        self.on_turn = on_turn
+        self.history: list[ChatMessage] = [
+            ChatMessage("system", system_prompt or config.session.system_prompt)
+        ]
+        self.conversation: Conversation = backends.llm.conversation()
+        self.audio_in: asyncio.Queue[AudioFrame | None] = asyncio.Queue()
+        self.turns: dict[int, Turn] = {}
+        self.reply: Reply | None = None
+        self.generation = 0  # bumped by every barge-in and every new reply
+
+    # -- the input line --------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Run until `audio_in` yields None (the caller hung up), then stop any reply."""
+        prepare = asyncio.create_task(self.conversation.prepare(self.history))
+        vad_stream = self.backends.vad.new_stream()
+        speech = vad_stage(self._frames(), vad_stream, self.backends.vad_worker, self.config.endpointing,
+                           self.clock, self.backends.vad.sample_rate, self.backends.vad.window_samples)
+        events = asr_stage(speech, self.backends.asr, self.backends.asr_worker, self.config.asr, self.clock)
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    await self._on_input(event)
+        finally:
+            prepare.cancel()
+            await self._cancel_reply("interrupted", send=False)
+            await self.conversation.aclose()
+
+    async def _frames(self) -> AsyncIterator[AudioFrame]:
+        while (frame := await self.audio_in.get()) is not None:
+            yield frame
+
+    async def _on_input(self, event: InputEvent) -> None:
+        if isinstance(event, SpeechStarted):
+            await self.outbound.send_event(event)
+            if self.reply is not None:
+                log.info("turn %d: barge-in", self.reply.turn.turn_id)
+                await self._cancel_reply("interrupted")
+            return
+        if isinstance(event, SpeechStopped):
+            turn = self.turns.setdefault(event.turn_id, Turn(event.turn_id))
+            turn.mark("speech_end", event.at)
+            await self.outbound.send_event(event)
+            return
+        await self.outbound.send_event(event)
+        if isinstance(event, TranscriptFinal):
+            turn = self.turns.setdefault(event.turn_id, Turn(event.turn_id))
+            turn.mark("asr_final", event.at)
+            if event.text.strip():
+                await self._start_reply(turn, event.text.strip())
+            else:
+                self.turns.pop(event.turn_id, None)
+
+    # -- the reply line --------------------------------------------------------------------------
+    async def _start_reply(self, turn: Turn, text: str) -> None:
+        await self._cancel_reply("interrupted")
+        self.history.append(ChatMessage("user", text))
+        self.generation += 1
+        reply = Reply(turn)
+        self.reply = reply
+        generation = self.generation
+        reply.tasks = [
+            asyncio.create_task(self._produce(reply, generation)),
+            asyncio.create_task(self._play(reply, generation)),
+        ]
+
+    def _prompt(self) -> tuple[ChatMessage, ...]:
+        limit = self.config.session.max_history_messages
+        return (self.history[0], *self.history[1:][-limit:])
+
+    async def _produce(self, reply: Reply, generation: int) -> None:
+        """Run LLM -> chunker -> TTS for the turn and fill the playout queue."""
+        cfg = self.config
+        turn = reply.turn
+        request = ReplyRequest(turn.turn_id, self._prompt(), self.clock.now())
+        text = llm_stage(_one(request), self.conversation, cfg.sampling, self.clock)
+        phrases = chunk_stage(text, cfg.chunker, self.clock)
+        audio = tts_stage(phrases, self.backends.tts, self.backends.tts_worker, self.output_rate, self.clock)
+        async with contextlib.aclosing(audio):
+            async for event in audio:
+                if generation != self.generation:
+                    return
+                if isinstance(event, ReplyText):
+                    turn.mark("llm_first_token", event.at)
+                    await self.outbound.send_event(event)
+                elif isinstance(event, Phrase):
+                    turn.mark("first_phrase", event.at)
+                    reply.ledger.add_phrase(event.index, event.text)
+                elif isinstance(event, ReplyAudio):
+                    turn.mark("tts_first_audio", event.at)
+                    reply.ledger.add_audio(event.phrase_index, len(event.samples))
+                    await reply.playout.put(event)
+                elif isinstance(event, ReplyFinished):
+                    reply.stats = event.stats
+                    if event.error:
+                        reply.error = event.error
+                        await self._apologize(reply)
+        await reply.playout.put(None)
+
+    async def _apologize(self, reply: Reply) -> None:
+        """The LLM failed: say a short apology, unless reply audio was already queued (never fall
+        back once the turn has sent audio)."""
+        code = (reply.error or "engine_error").split(":", 1)[0]
+        await self.outbound.send_event(ErrorEvent(code, f"the reply failed: {reply.error}", reply.turn.turn_id))
+        if reply.ledger.produced:
+            return
+        tts = self.backends.tts
+        chunks = await self.backends.tts_worker.run(lambda: list(tts.synthesize(self.config.session.apology)))
+        for chunk in chunks:
+            audio = resample(np.asarray(chunk, dtype=np.float32), tts.sample_rate, self.output_rate)
+            reply.turn.mark("tts_first_audio", self.clock.now())
+            await reply.playout.put(ReplyAudio(reply.turn.turn_id, -1, audio, self.clock.now()))
+
+    async def _play(self, reply: Reply, generation: int) -> None:
+        """Send the playout queue's audio in fixed chunks, at most `output_lead_ms` ahead of real time."""
+        cfg = self.config.session
+        chunk = max(1, self.output_rate * cfg.output_chunk_ms // 1000)
+        started: float | None = None
+        sent_s = 0.0
+        while (item := await reply.playout.get()) is not None:
+            for start in range(0, len(item.samples), chunk):
+                piece = item.samples[start:start + chunk]
+                if started is not None:
+                    ahead = sent_s - (self.clock.now() - started) - cfg.output_lead_ms / 1000
+                    if ahead > 0:
+                        await self.clock.sleep(ahead)
+                if generation != self.generation:
+                    return
+                await self.outbound.send_audio(float_to_pcm16(piece))
+                if started is None:
+                    started = self.clock.now()
+                    reply.turn.mark("first_audio_sent", started)
+                sent_s += len(piece) / self.output_rate
+                reply.ledger.add_sent(item.phrase_index, len(piece))
+        if generation == self.generation:
+            await self._finish(reply, "failed" if reply.error else "completed")
+
+    async def _finish(self, reply: Reply, status: str) -> None:
+        if reply.finished:
+            return
+        reply.finished = True
+        if self.reply is reply:
+            self.reply = None
+        text = reply.ledger.full_text() if status == "completed" else reply.ledger.sent_text()
+        if text:
+            self.history.append(ChatMessage("assistant", text))
+        self.turns.pop(reply.turn.turn_id, None)
+        done = ResponseDone(
+            reply.turn.turn_id, text, status, reply.turn.latency_ms(),
+            reply.stats.as_dict() if reply.stats else {},
+        )
+        log.info("turn %d %s: %s", done.turn_id, status, done.latency_ms)
+        await self.outbound.send_event(done)
+        if self.on_turn is not None:
+            result = self.on_turn(done)
+            if result is not None:
+                await result
+
+    async def _cancel_reply(self, status: str, send: bool = True) -> None:
+        reply = self.reply
+        if reply is None:
+            return
+        self.generation += 1
+        self.reply = None
+        for task in reply.tasks:
+            task.cancel()
+        await asyncio.gather(*reply.tasks, return_exceptions=True)
+        if send:
+            await self._finish(reply, status)
+        else:
+            reply.finished = True

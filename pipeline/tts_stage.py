@@ -1,0 +1,40 @@
+"""The TTS stage: each Phrase is synthesized as soon as it arrives and streamed out in chunks at
+the session's output rate. Other events pass through in order."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import numpy as np
+
+from models.protocols import Audio, Synthesizer
+from models.worker import ModelWorker
+from pipeline.audio import resample
+from pipeline.clock import Clock
+from pipeline.events import Phrase, ReplyAudio, ReplyEvent
+
+_DONE = object()
+
+
+def _next_chunk(chunks: Iterator[Audio]) -> object:
+    return next(chunks, _DONE)
+
+
+async def tts_stage(
+    events: AsyncIterator[ReplyEvent],
+    synthesizer: Synthesizer,
+    worker: ModelWorker,
+    output_rate: int,
+    clock: Clock,
+) -> AsyncIterator[ReplyEvent]:
+    async for event in events:
+        if not isinstance(event, Phrase):
+            yield event
+            continue
+        yield event
+        if not any(ch.isalnum() for ch in event.speech):
+            continue
+        chunks = await worker.run(synthesizer.synthesize, event.speech)
+        while (chunk := await worker.run(_next_chunk, chunks)) is not _DONE:
+            audio = resample(np.asarray(chunk, dtype=np.float32), synthesizer.sample_rate, output_rate)
+            yield ReplyAudio(event.turn_id, event.index, audio, clock.now())

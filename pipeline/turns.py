@@ -1,0 +1,61 @@
+"""A turn's latency marks and the bookkeeping of what part of a reply the caller was sent."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+MARKS = ("speech_end", "asr_final", "llm_first_token", "first_phrase", "tts_first_audio", "first_audio_sent")
+
+
+@dataclass
+class Turn:
+    """One caller utterance and the reply to it. Marks are clock times; latency_ms() gives them as
+    milliseconds since `speech_end`."""
+
+    turn_id: int
+    marks: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, name: str, at: float) -> None:
+        self.marks.setdefault(name, at)
+
+    def latency_ms(self) -> dict[str, float]:
+        end = self.marks.get("speech_end")
+        if end is None:
+            return {}
+        return {name: round((self.marks[name] - end) * 1000, 1) for name in MARKS if name in self.marks}
+
+
+@dataclass
+class PhraseLedger:
+    """Per phrase: its text, how much audio was produced, how much was sent."""
+
+    texts: dict[int, str] = field(default_factory=dict)
+    produced: dict[int, int] = field(default_factory=dict)
+    sent: dict[int, int] = field(default_factory=dict)
+
+    def add_phrase(self, index: int, text: str) -> None:
+        self.texts[index] = text
+
+    def add_audio(self, index: int, samples: int) -> None:
+        self.produced[index] = self.produced.get(index, 0) + samples
+
+    def add_sent(self, index: int, samples: int) -> None:
+        self.sent[index] = self.sent.get(index, 0) + samples
+
+    def full_text(self) -> str:
+        return " ".join(self.texts[i] for i in sorted(self.texts))
+
+    def sent_text(self) -> str:
+        """The reply as far as its audio went out: whole phrases, then the share of the words of the
+        phrase that was cut, in proportion to its audio sent."""
+        order = sorted(self.texts)
+        spoken = [i for i in order if self.sent.get(i, 0) > 0]
+        if not spoken:
+            return ""
+        last = spoken[-1]
+        parts = [self.texts[i] for i in order if i < last]
+        words = self.texts[last].split()
+        share = min(1.0, self.sent[last] / max(1, self.produced.get(last, 1)))
+        parts.append(" ".join(words[: math.ceil(len(words) * share)]))
+        return " ".join(p for p in parts if p)
