@@ -53,11 +53,22 @@ class VoiceClient:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
 
-    async def connect(self, instructions: str | None = None, **extra: Any) -> dict[str, Any]:
+    async def open(self) -> None:
+        """Open the socket without starting a session."""
         import websockets
 
         self._ws = await websockets.connect(self.url, max_size=None)
         self._reader = asyncio.create_task(self._read())
+
+    async def wait_closed(self, timeout: float) -> int | None:
+        """Wait for the server to close the socket; returns the close code."""
+        if self._reader is not None:
+            await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+        return getattr(self._ws, "close_code", None)
+
+    async def connect(self, instructions: str | None = None, **extra: Any) -> dict[str, Any]:
+        """Open the socket and start a session; returns session.started (or the error)."""
+        await self.open()
         start: dict[str, Any] = {"type": "session.start", "audio": {"sample_rate": self.sample_rate,
                                                                     "encoding": "pcm16"}, **extra}
         if instructions is not None:

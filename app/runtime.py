@@ -10,11 +10,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from app.metrics import Metrics
 from app.settings import Settings
 from models import registry
 from pipeline.clock import Clock
 from pipeline.config import DEFAULT_SYSTEM_PROMPT
 from pipeline.errors import VoiceAgentError
+from pipeline.events import ResponseDone
 from pipeline.session import Backends, PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -28,7 +30,13 @@ class Runtime:
     load_error: str | None = None
     status: str = "starting"
     sessions: set[str] = field(default_factory=set)
+    metrics: Metrics = field(default_factory=Metrics)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def on_turn(self, done: ResponseDone) -> None:
+        self.metrics.observe_turn(done)
+        if done.stats is not None:
+            self.metrics.observe_generation(done.stats)
 
     def pipeline_config(self) -> PipelineConfig:
         s = self.settings

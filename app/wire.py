@@ -98,7 +98,8 @@ def event_json(event: OutEvent) -> dict[str, Any]:
     if isinstance(event, ResponseDone):
         return {
             "type": "response.done", "turn_id": event.turn_id, "text": event.text, "status": event.status,
-            "latency_ms": event.latency_ms, "llm": event.llm,
+            "latency_ms": event.latency_ms, "voice_to_voice_ms": event.voice_to_voice_ms,
+            "llm": event.stats.as_dict() if event.stats else {},
         }
     if isinstance(event, ErrorEvent):
         out: dict[str, Any] = {"type": "error", "code": event.code, "message": event.message}

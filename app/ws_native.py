@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketState
 
+from app.metrics import Metrics
 from app.runtime import Runtime
 from app.wire import SessionEnd, SessionStart, error_json, event_json, parse_client_text
 from pipeline.audio import StreamResampler, pcm16_to_float
@@ -36,13 +37,16 @@ CLOSE_TRY_LATER = 1013
 class SocketOutbound:
     """Writes to one caller's socket; a lock keeps frames whole when tasks send at once."""
 
-    def __init__(self, websocket: WebSocket, timeout_s: float) -> None:
+    def __init__(self, websocket: WebSocket, timeout_s: float, metrics: Metrics) -> None:
         self.websocket = websocket
+        self.metrics = metrics
         self.timeout_s = timeout_s
         self.lock = asyncio.Lock()
         self.closed = False
 
     async def send_json(self, data: dict[str, Any]) -> None:
+        if data.get("type") == "error":
+            self.metrics.error(str(data.get("code")))
         await self._send(self.websocket.send_text, json.dumps(data))
 
     async def send_event(self, event: OutEvent) -> None:
@@ -67,7 +71,7 @@ class Connection:
         self.websocket = websocket
         self.runtime = runtime
         self.settings = runtime.settings.server
-        self.outbound = SocketOutbound(websocket, self.settings.send_timeout_s)
+        self.outbound = SocketOutbound(websocket, self.settings.send_timeout_s, runtime.metrics)
         self.session_id = "sess_" + uuid.uuid4().hex[:16]
         self.session: Session | None = None
         self.task: asyncio.Task[None] | None = None
@@ -143,8 +147,9 @@ class Connection:
         self.resampler = StreamResampler(start.audio.sample_rate, runtime.backends.vad.sample_rate)
         self.session = Session(
             runtime.backends, runtime.pipeline_config(), runtime.clock, self.outbound,
-            output_rate=output_rate, system_prompt=instructions or None,
+            output_rate=output_rate, system_prompt=instructions or None, on_turn=runtime.on_turn,
         )
+        runtime.metrics.sessions.inc()
         await self.outbound.send_json({
             "type": "session.started",
             "session_id": self.session_id,
@@ -223,10 +228,12 @@ async def ws_endpoint(websocket: WebSocket) -> None:
         return
     connection = Connection(websocket, runtime)
     runtime.sessions.add(connection.session_id)
+    runtime.metrics.active_sessions.set(len(runtime.sessions))
     try:
         await connection.run()
     except WebSocketDisconnect:
         pass
     finally:
         runtime.sessions.discard(connection.session_id)
+        runtime.metrics.active_sessions.set(len(runtime.sessions))
         log.info("%s closed", connection.session_id)

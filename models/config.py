@@ -19,7 +19,7 @@ class AsrConfig(BaseModel):
     compute_type: str = Field("int8", description="int8 on CPU; float16 on CUDA")
     threads: int = Field(2, ge=0, description="CPU threads for CTranslate2 (0: its default)")
     language: str | None = "en"
-    beam_size: int = Field(1, ge=1, le=10)
+    beam_size: int = Field(5, ge=1, le=10, description="5 is as fast as 1 on short turns here, and steadier")
 
 
 class TtsConfig(BaseModel):

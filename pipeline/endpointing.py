@@ -110,7 +110,10 @@ async def vad_stage(
                 else:
                     yield SpeechAudio(turn_id, window)
                 if decision is not None and decision.kind == "stop":
-                    yield SpeechStopped(turn_id, clock.now(), decision.audio_ms, decision.forced)
+                    # Audio arrives in real time and the frame's last sample came at frame.at, so the
+                    # caller stopped (unclassified samples + silence waited for) before that.
+                    behind_s = (len(pending) + consumed) / sample_rate - decision.audio_ms / 1000
+                    yield SpeechStopped(turn_id, clock.now(), decision.audio_ms, frame.at - behind_s, decision.forced)
             else:
                 history.append(window)
                 history_len += len(window)
@@ -123,3 +126,4 @@ def _tail(history: deque[np.ndarray], consumed: int, start_ms: float, sample_rat
     audio = np.concatenate(list(history)) if history else np.zeros(0, dtype=np.float32)
     want = consumed - int(start_ms * sample_rate / 1000)
     return audio[-want:] if 0 < want < len(audio) else audio
+

@@ -6,7 +6,7 @@ mono: 16 kHz on the input side, the output rate on the reply side.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from models.protocols import Audio, ChatMessage, GenerationStats
 
@@ -37,6 +37,7 @@ class SpeechStopped:
     turn_id: int
     at: float  # when endpointing decided the turn is over: the `speech_end` mark
     audio_ms: float  # where speech ended in the caller's audio stream
+    ended_at: float  # estimated clock time the caller actually stopped (at - the silence waited for)
     forced: bool = False  # cut at the turn length limit rather than by silence
 
 
@@ -115,7 +116,8 @@ class ResponseDone:
     text: str  # what the caller was sent
     status: str  # completed | interrupted | failed
     latency_ms: dict[str, float]
-    llm: dict[str, object] = field(default_factory=dict)
+    voice_to_voice_ms: float | None = None  # from the caller's true end of speech to first audio sent
+    stats: GenerationStats | None = None
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,7 @@ class Session:
         if isinstance(event, SpeechStopped):
             turn = self.turns.setdefault(event.turn_id, Turn(event.turn_id))
             turn.mark("speech_end", event.at)
+            turn.ended_at = event.ended_at
             await self.outbound.send_event(event)
             return
         await self.outbound.send_event(event)
@@ -269,8 +270,7 @@ class Session:
             self.history.append(ChatMessage("assistant", text))
         self.turns.pop(reply.turn.turn_id, None)
         done = ResponseDone(
-            reply.turn.turn_id, text, status, reply.turn.latency_ms(),
-            reply.stats.as_dict() if reply.stats else {},
+            reply.turn.turn_id, text, status, reply.turn.latency_ms(), reply.turn.voice_to_voice_ms(), reply.stats
         )
         log.info("turn %d %s: %s", done.turn_id, status, done.latency_ms)
         await self.outbound.send_event(done)

@@ -15,6 +15,7 @@ class Turn:
 
     turn_id: int
     marks: dict[str, float] = field(default_factory=dict)
+    ended_at: float | None = None  # estimated clock time the caller's speech really ended
 
     def mark(self, name: str, at: float) -> None:
         self.marks.setdefault(name, at)
@@ -24,6 +25,12 @@ class Turn:
         if end is None:
             return {}
         return {name: round((self.marks[name] - end) * 1000, 1) for name in MARKS if name in self.marks}
+
+    def voice_to_voice_ms(self) -> float | None:
+        sent = self.marks.get("first_audio_sent")
+        if sent is None or self.ended_at is None:
+            return None
+        return round((sent - self.ended_at) * 1000, 1)
 
 
 @dataclass

@@ -1,0 +1,239 @@
+// The browser client of the /ws protocol (docs/websocket.md): microphone in through an
+// AudioWorklet, reply audio out through a gapless AudioContext queue that barge-in flushes, and a
+// live transcript and latency table. `window.voiceAgent` mirrors the state for tests.
+"use strict";
+
+const INPUT_RATE = 16000;
+const FRAME_MS = 20;
+const MARKS = ["speech_end", "asr_final", "llm_first_token", "first_phrase", "tts_first_audio", "first_audio_sent"];
+
+const $ = (id) => document.getElementById(id);
+const ui = { start: $("start"), stop: $("stop"), status: $("status"), transcript: $("transcript"),
+             latency: $("latency").tBodies[0], errors: $("errors") };
+
+const voiceAgent = (window.voiceAgent = {
+  state: "idle", events: [], audioBytesReceived: 0, audioChunksPlayed: 0, playbackFlushes: 0,
+});
+
+let ws = null;
+let ctx = null; // one AudioContext for capture and playback
+let mic = null; // { stream, source, node }
+let outputRate = 24000;
+let sessionStarted = false;
+
+function setState(state) {
+  voiceAgent.state = state;
+  ui.status.textContent = state;
+  ui.status.dataset.state = state;
+  const active = state === "connecting" || state === "listening";
+  ui.start.disabled = active;
+  ui.stop.disabled = !active;
+}
+
+function showError(code, message) {
+  const p = document.createElement("p");
+  p.textContent = `${code}: ${message}`;
+  ui.errors.append(p);
+}
+
+// -- playback --------------------------------------------------------------------------------------
+
+const playback = {
+  sources: new Set(), // scheduled or playing AudioBufferSourceNodes
+  head: 0, // AudioContext time at which the next chunk starts
+  replyTurn: null, // turn of the latest response.text.delta: the audio that arrives belongs to it
+  flushedTurn: null, // a turn interrupted by barge-in: its late audio is dropped
+
+  enqueue(arrayBuffer) {
+    if (!ctx || (this.replyTurn !== null && this.replyTurn === this.flushedTurn)) return;
+    const view = new DataView(arrayBuffer);
+    const n = arrayBuffer.byteLength >> 1;
+    if (n === 0) return;
+    const buffer = ctx.createBuffer(1, n, outputRate);
+    const samples = buffer.getChannelData(0);
+    for (let i = 0; i < n; i++) samples[i] = view.getInt16(2 * i, true) / 32768;
+    const source = ctx.createBufferSource();
+    source.buffer = buffer;
+    source.connect(ctx.destination);
+    // after a gap (or at the start of a reply), start a little ahead so the queue can build up
+    if (this.head < ctx.currentTime) this.head = ctx.currentTime + 0.05;
+    source.start(this.head);
+    this.head += buffer.duration;
+    this.sources.add(source);
+    source.onended = () => {
+      if (this.sources.delete(source)) voiceAgent.audioChunksPlayed++; // not if it was flushed
+    };
+  },
+
+  flush() {
+    // stops everything scheduled at once; true if anything was playing or queued
+    const sources = [...this.sources];
+    this.sources.clear();
+    for (const source of sources) source.stop();
+    this.head = 0;
+    return sources.length > 0;
+  },
+};
+
+// -- transcript and latency ------------------------------------------------------------------------
+
+const lines = new Map(); // turn_id -> { user, bot } paragraphs
+
+function line(turnId, who) {
+  const turn = lines.get(turnId) || {};
+  lines.set(turnId, turn);
+  if (!turn[who]) {
+    turn[who] = document.createElement("p");
+    turn[who].className = who;
+    turn[who].dataset.turn = turnId;
+    if (who === "user" && turn.bot) ui.transcript.insertBefore(turn.user, turn.bot);
+    else ui.transcript.append(turn[who]);
+  }
+  return turn[who];
+}
+
+function scrollTranscript() {
+  ui.transcript.scrollTop = ui.transcript.scrollHeight;
+}
+
+function userText(turnId, text, final) {
+  const p = line(turnId, "user");
+  p.textContent = text;
+  p.classList.toggle("partial", !final);
+  p.classList.toggle("final", final);
+  if (final && !text.trim()) {
+    p.remove();
+    delete lines.get(turnId).user;
+  }
+  scrollTranscript();
+}
+
+function botText(turnId, text) {
+  line(turnId, "bot").textContent += text;
+  scrollTranscript();
+}
+
+function latencyRow(done) {
+  const ms = done.latency_ms || {};
+  const tps = done.llm && done.llm.tokens_per_second;
+  const cells = [done.turn_id, done.status, ...MARKS.map((m) => (ms[m] != null ? Math.round(ms[m]) : "–")),
+                 tps != null ? tps.toFixed(1) : "–"];
+  const tr = ui.latency.insertRow();
+  for (const value of cells) tr.insertCell().textContent = value;
+}
+
+// -- server events ---------------------------------------------------------------------------------
+
+function onEvent(event) {
+  voiceAgent.events.push(event);
+  switch (event.type) {
+    case "session.started":
+      outputRate = event.output_audio.sample_rate;
+      sessionStarted = true;
+      if (mic) setState("listening");
+      break;
+    case "speech.started":
+      // the caller talks: any reply still playing is interrupted (barge-in), and its late audio
+      // is dropped
+      if (playback.flush()) voiceAgent.playbackFlushes++;
+      playback.flushedTurn = playback.replyTurn;
+      break;
+    case "transcript.partial":
+      userText(event.turn_id, event.text, false);
+      break;
+    case "transcript.final":
+      userText(event.turn_id, event.text, true);
+      if (event.text.trim()) playback.replyTurn = event.turn_id; // the server starts a reply
+      break;
+    case "response.text.delta":
+      playback.replyTurn = event.turn_id;
+      botText(event.turn_id, event.text);
+      break;
+    case "response.done":
+      latencyRow(event);
+      if (event.status !== "completed") lines.get(event.turn_id)?.bot?.classList.add(event.status);
+      break;
+    case "error":
+      showError(event.code, event.message);
+      break;
+  }
+}
+
+// -- microphone ------------------------------------------------------------------------------------
+
+async function startMic() {
+  const stream = await navigator.mediaDevices.getUserMedia({
+    audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true },
+  });
+  await ctx.audioWorklet.addModule("static/capture-worklet.js");
+  const source = ctx.createMediaStreamSource(stream);
+  const node = new AudioWorkletNode(ctx, "capture", {
+    processorOptions: { targetRate: INPUT_RATE, frameMs: FRAME_MS },
+  });
+  node.port.onmessage = ({ data }) => {
+    if (sessionStarted && ws && ws.readyState === WebSocket.OPEN) ws.send(data);
+  };
+  source.connect(node);
+  node.connect(ctx.destination); // the node outputs silence; being connected keeps it running
+  mic = { stream, source, node };
+}
+
+function stopMic() {
+  if (!mic) return;
+  mic.stream.getTracks().forEach((track) => track.stop());
+  mic.source.disconnect();
+  mic.node.port.onmessage = null;
+  mic.node.disconnect();
+  mic = null;
+}
+
+// -- start / stop ----------------------------------------------------------------------------------
+
+async function start() {
+  setState("connecting");
+  sessionStarted = false;
+  ctx = ctx || new AudioContext(); // created in the click, so it may play
+  await ctx.resume();
+
+  const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+  const sock = (ws = new WebSocket(`${scheme}//${location.host}/ws`));
+  sock.binaryType = "arraybuffer";
+  sock.onopen = () => sock.send(JSON.stringify({
+    type: "session.start", audio: { sample_rate: INPUT_RATE, encoding: "pcm16" },
+  }));
+  sock.onmessage = ({ data }) => {
+    if (sock !== ws) return; // a previous call's socket
+    if (typeof data === "string") {
+      onEvent(JSON.parse(data));
+    } else {
+      voiceAgent.audioBytesReceived += data.byteLength;
+      playback.enqueue(data);
+    }
+  };
+  sock.onclose = (e) => {
+    if (sock !== ws) return;
+    stopMic();
+    sessionStarted = false;
+    if (e.code !== 1000) showError("closed", `the connection closed (${e.code}${e.reason ? ": " + e.reason : ""})`);
+    setState("closed");
+  };
+
+  try {
+    await startMic();
+  } catch (err) {
+    showError("microphone", `${err.name}: ${err.message}`);
+    sock.close();
+    return;
+  }
+  if (sock === ws && sessionStarted) setState("listening");
+}
+
+function stop() {
+  stopMic();
+  playback.flush();
+  if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: "session.end" }));
+  else setState("closed");
+}
+
+ui.start.addEventListener("click", start);
+ui.stop.addEventListener("click", stop);

@@ -1,0 +1,132 @@
+"""The browser page end to end: headless Chromium opens the real server's page, its fake microphone
+plays a spoken question (a WAV made with espeak-ng), and the page must show the caller's transcript,
+the agent's reply, play reply audio and fill the latency table.
+
+Chromium loops the fake-capture file unless its path ends in `%noloop`; the test plays it once, so
+the question is asked once, followed by silence (the padding in the file, then the digital silence
+Chromium gives after its end). The number of turns is still not asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import Server
+from tests.speech import espeak_wav
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+QUESTION = "What is the capital of France?"
+SILENCE_S = 4  # after the question, in the file: more than the endpointing silence
+TIMEOUT_S = 90.0
+
+# What the test reads from the page on each poll.
+SNAPSHOT_JS = """
+const va = window.voiceAgent;
+const texts = (sel) => [...document.querySelectorAll(sel)].map((e) => e.textContent);
+const cells = (tr) => [...tr.cells].map((td) => td.textContent);
+return {
+  state: va.state,
+  events: va.events.map((e) => e.type),
+  audioBytesReceived: va.audioBytesReceived,
+  audioChunksPlayed: va.audioChunksPlayed,
+  playbackFlushes: va.playbackFlushes,
+  userFinal: texts("#transcript .user.final"),
+  bot: texts("#transcript .bot"),
+  latencyRows: [...document.querySelectorAll("#latency tbody tr")].map((tr) => cells(tr)),
+  errors: texts("#errors p"),
+  status: document.getElementById("status").textContent,
+};
+"""
+
+
+@pytest.fixture
+def question_wav(tmp_path: Path) -> Path:
+    """The spoken question followed by silence, 16 kHz mono 16-bit PCM."""
+    speech = espeak_wav(QUESTION, tmp_path / "question.wav", rate=16000)
+    padded = tmp_path / "question_padded.wav"
+    subprocess.run(["sox", str(speech), str(padded), "pad", "0", str(SILENCE_S)], check=True)
+    return padded
+
+
+@pytest.fixture
+def browser(tmp_path: Path, question_wav: Path) -> Iterator[Any]:
+    if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
+        pytest.skip(f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER})")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (
+        "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--disable-quic",
+        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={question_wav}%noloop",
+        "--autoplay-policy=no-user-gesture-required",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _done(snap: dict[str, Any]) -> bool:
+    heard = any("capital" in t.lower() and "france" in t.lower() for t in snap["userFinal"])
+    replied = any(t.strip() for t in snap["bot"])
+    return (heard and replied and snap["audioBytesReceived"] > 0 and snap["audioChunksPlayed"] > 0
+            and len(snap["latencyRows"]) > 0)
+
+
+def _report(driver: Any, server: Server, snap: dict[str, Any] | None) -> str:
+    try:
+        console = "\n".join(str(entry) for entry in driver.get_log("browser")[-30:])
+    except Exception as exc:  # the log is a help for reading a failure, never the failure itself
+        console = f"(no browser log: {exc})"
+    return (f"page: {json.dumps(snap, indent=1)}\nbrowser console:\n{console}\n"
+            f"server log (tail):\n{server.log()[-3000:]}")
+
+
+def test_browser_call(server: Server, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    browser.get(server.base_url + "/")
+    assert browser.execute_script("return window.voiceAgent.state") == "idle"
+    browser.find_element(By.ID, "start").click()
+
+    snap: dict[str, Any] | None = None
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        snap = browser.execute_script(SNAPSHOT_JS)
+        assert snap is not None
+        if snap["state"] == "closed" or _done(snap):
+            break
+        time.sleep(0.5)
+    assert snap is not None and _done(snap), "the page did not complete a turn:\n" + _report(browser, server, snap)
+
+    assert snap["state"] == "listening"
+    assert snap["status"] == "listening"
+    assert "session.started" in snap["events"]
+    turn, status, *marks, tokens_per_s = snap["latencyRows"][0]
+    assert turn.isdigit() and status == "completed", snap["latencyRows"]
+    assert marks[0] == "0" and all(m.isdigit() for m in marks), snap["latencyRows"]  # ms after speech_end
+    assert float(tokens_per_s) > 0, snap["latencyRows"]
+
+    browser.find_element(By.ID, "stop").click()
+    deadline = time.monotonic() + 10
+    while browser.execute_script("return window.voiceAgent.state") != "closed":
+        assert time.monotonic() < deadline, "the page did not close after Stop:\n" + _report(browser, server, None)
+        time.sleep(0.2)

@@ -1,0 +1,94 @@
+"""A caller asks a spoken question over /ws and hears a spoken answer (real models, real audio)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.client import VoiceClient
+from models.asr_faster_whisper import FasterWhisperRecognizer
+from models.config import AsrConfig
+from pipeline.audio import resample
+from pipeline.turns import MARKS
+from tests.e2e.conftest import Server
+from tests.speech import speech_samples, words
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def recognizer() -> FasterWhisperRecognizer:
+    return FasterWhisperRecognizer(AsrConfig())
+
+
+async def ask(server: Server, question: str, tmp: Path, rate: int) -> tuple[VoiceClient, dict, dict, bytes]:
+    client = VoiceClient(server.ws_url, rate)
+    started = await client.connect()
+    assert started["type"] == "session.started", started
+    samples = speech_samples(question, tmp, rate)
+    await client.silence(0.4)
+    await client.stream(samples)
+    trailing = asyncio.create_task(client.silence(10))
+    final = await client.wait_for(lambda e: e["type"] == "transcript.final", 30)
+    done = await client.wait_for(lambda e: e["type"] == "response.done", 90)
+    trailing.cancel()
+    audio = client.audio_between(0)
+    await client.close()
+    return client, final, done, audio
+
+
+@pytest.mark.parametrize(("rate", "question", "expect"), [
+    (16000, "What is the capital of France?", {"capital", "france"}),
+    (48000, "What color is the sky on a clear day?", {"color", "sky"}),
+    (8000, "How many days are there in a week?", {"days", "week"}),
+])
+async def test_spoken_question_gets_a_spoken_answer(
+    server: Server, tmp_path: Path, recognizer: FasterWhisperRecognizer, rate: int, question: str, expect: set[str]
+) -> None:
+    client, final, done, audio = await ask(server, question, tmp_path, rate)
+
+    assert expect <= set(words(final["text"])), final
+    assert done["status"] == "completed"
+    deltas = "".join(e["text"] for e in client.events("response.text.delta") if e["turn_id"] == done["turn_id"])
+    assert words(deltas) == words(done["text"]) and words(deltas), (deltas, done["text"])
+
+    # every latency mark, in pipeline order, measured from speech_end
+    marks = done["latency_ms"]
+    assert list(marks) == list(MARKS), marks
+    values = [marks[m] for m in MARKS]
+    assert values[0] == 0.0 and all(a <= b for a, b in zip(values[1:], values[2:], strict=False)), marks
+    assert done["voice_to_voice_ms"] >= marks["first_audio_sent"]
+    assert done["llm"]["completion_tokens"] > 0 and done["llm"]["prefill_tokens"] < done["llm"]["prompt_tokens"]
+
+    # the reply audio says the reply text
+    out_rate = client.session["output_audio"]["sample_rate"]
+    pcm = np.frombuffer(audio, dtype="<i2").astype(np.float32) / 32768
+    assert len(pcm) / out_rate > 0.5
+    heard = words(recognizer.transcribe(resample(pcm, out_rate, 16000)))
+    said = words(done["text"])
+    overlap = len(set(heard) & set(said)) / len(set(said))
+    assert overlap >= 0.6, (heard, said)
+
+
+async def test_two_turns_keep_the_conversation(server: Server, tmp_path: Path) -> None:
+    client = VoiceClient(server.ws_url, 16000)
+    await client.connect(instructions="You are a helpful assistant. Answer in one short sentence.")
+    background = asyncio.create_task(asyncio.sleep(0))
+    dones = []
+    for question in ("My name is Alice.", "What is my name?"):
+        await background
+        await client.stream(speech_samples(question, tmp_path))
+        background = asyncio.create_task(client.silence(1.0))
+        count = len(dones)
+        done = await client.wait_for(
+            lambda e, n=count: e["type"] == "response.done" and e["turn_id"] == n + 1, 90)
+        dones.append(done)
+    background.cancel()
+    await client.close()
+    assert "alice" in words(dones[1]["text"]), dones[1]
+    # the second turn reused the first turn's KV cache: only its new tokens were computed
+    llm = dones[1]["llm"]
+    assert llm["prefill_tokens"] < llm["prompt_tokens"] / 2, llm

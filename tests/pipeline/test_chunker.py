@@ -1,0 +1,51 @@
+from pipeline.chunker import PhraseChunker, speakable
+from pipeline.config import ChunkerConfig
+
+
+def feed(text: str, step: int = 3, config: ChunkerConfig | None = None) -> list[str]:
+    chunker = PhraseChunker(config or ChunkerConfig())
+    out: list[str] = []
+    for i in range(0, len(text), step):
+        out += chunker.push(text[i:i + step])
+    return out + chunker.flush()
+
+
+def test_first_phrase_ends_at_the_first_clause_with_enough_words() -> None:
+    phrases = feed("Of course, I can book that table for you tonight at eight.")
+    assert phrases[0] == "Of course,"
+    assert phrases[1] == "I can book that table for you tonight at eight."
+
+
+def test_single_word_clause_waits_for_more_words() -> None:
+    assert feed("Sure, that works.")[0] == "Sure, that works."
+
+
+def test_sentences_are_cut_and_abbreviations_and_decimals_are_not() -> None:
+    phrases = feed("Dr. Smith paid 3.5 dollars. Then he left! Did he? Yes.")
+    assert phrases == ["Dr. Smith paid 3.5 dollars.", "Then he left!", "Did he?", "Yes."]
+
+
+def test_later_phrases_need_min_words_before_a_clause_cut() -> None:
+    text = "Okay, so your order is two pizzas, one large and one small, with extra cheese on both of them."
+    phrases = feed(text)
+    assert phrases[0] == "Okay, so your order is two pizzas,"
+    assert phrases[1] == "one large and one small, with extra cheese on both of them."
+    assert " ".join(phrases) == text
+
+
+def test_run_on_text_is_cut_at_a_word_boundary() -> None:
+    text = " ".join(f"word{i}" for i in range(30))
+    phrases = feed(text, config=ChunkerConfig(max_words=10))
+    assert all(len(p.split()) <= 10 for p in phrases)
+    assert " ".join(phrases) == text
+
+
+def test_whole_chunks_and_no_text_lost() -> None:
+    text = "First: we check in. Second, we, um, wait; then — finally — we go home.\nNew line here"
+    for step in (1, 2, 5, 100):
+        assert " ".join(feed(text, step)).split() == text.split()
+
+
+def test_speakable_strips_markdown_and_emoji() -> None:
+    assert speakable("**Bold** and `code` 🎉 see https://x.y/z") == "Bold and code see a link"
+    assert speakable("- one\n- two") == "one two"

@@ -1,0 +1,31 @@
+"""Test speech: real audio made with espeak-ng (and flite where asked), as 16-bit WAV files."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from app.client import read_wav
+
+
+def espeak_wav(text: str, path: Path, rate: int = 16000, voice: str = "en-us", speed: int = 160) -> Path:
+    """Speak `text` with espeak-ng into a mono 16-bit WAV at `rate` (resampled with sox)."""
+    if shutil.which("espeak-ng") is None or shutil.which("sox") is None:
+        raise RuntimeError("test speech needs espeak-ng and sox: run scripts/setup.sh --test")
+    raw = path.with_suffix(".raw.wav")
+    subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(raw), text], check=True)
+    subprocess.run(["sox", str(raw), "-r", str(rate), "-c", "1", "-b", "16", str(path)], check=True)
+    raw.unlink()
+    return path
+
+
+def speech_samples(text: str, tmp: Path, rate: int = 16000) -> np.ndarray:
+    samples, _ = read_wav(espeak_wav(text, tmp / f"speech_{abs(hash(text))}.wav", rate))
+    return samples
+
+
+def words(text: str) -> list[str]:
+    return ["".join(ch for ch in w.lower() if ch.isalnum()) for w in text.split() if any(c.isalnum() for c in w)]
