@@ -1,0 +1,112 @@
+"""Fakes of the model engines, for testing the session's own logic (turn-taking, barge-in,
+history, latency marks) without models. Named as fakes: never used by the service."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator, Sequence
+
+import numpy as np
+
+from models.protocols import Audio, ChatMessage, GenerationDone, GenerationStats, LLMOutput, SamplingParams, TextDelta
+from pipeline.events import OutEvent
+
+
+class FakeVadStream:
+    """Speech wherever a 512-sample window's mean amplitude is over 0.1."""
+
+    def __init__(self) -> None:
+        self.pending = np.zeros(0, dtype=np.float32)
+
+    def probabilities(self, samples: Audio) -> list[float]:
+        buf = np.concatenate([self.pending, samples])
+        n = len(buf) // 512
+        self.pending = buf[n * 512:]
+        return [1.0 if float(np.abs(buf[i * 512:(i + 1) * 512]).mean()) > 0.1 else 0.0 for i in range(n)]
+
+
+class FakeVad:
+    sample_rate = 16000
+    window_samples = 512
+
+    def new_stream(self) -> FakeVadStream:
+        return FakeVadStream()
+
+
+class FakeRecognizer:
+    """Returns scripted transcripts, one per call of a final-length turn (partials get '...')."""
+
+    sample_rate = 16000
+
+    def __init__(self, finals: list[str]) -> None:
+        self.finals = list(finals)
+
+    def transcribe(self, audio: Audio) -> str:
+        return self.finals.pop(0) if self.finals else ""
+
+
+class FakeSynthesizer:
+    """0.1 s of a 200 Hz tone per word, at 8 kHz."""
+
+    name = "fake"
+    sample_rate = 8000
+
+    def synthesize(self, text: str) -> Iterator[Audio]:
+        n = int(0.1 * self.sample_rate) * len(text.split())
+        yield (0.3 * np.sin(np.arange(n) * 2 * np.pi * 200 / self.sample_rate)).astype(np.float32)
+
+
+class FakeConversation:
+    def __init__(self, llm: FakeLLM) -> None:
+        self.llm = llm
+
+    async def prepare(self, messages: Sequence[ChatMessage]) -> None:
+        return None
+
+    async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[LLMOutput]:
+        self.llm.requests.append(list(messages))
+        reply = self.llm.replies.pop(0)
+        for i, word in enumerate(reply.split()):
+            await asyncio.sleep(self.llm.token_delay)
+            yield TextDelta(word if i == 0 else " " + word)
+        yield GenerationDone(GenerationStats(completion_tokens=len(reply.split()), duration_ms=1.0))
+
+    async def aclose(self) -> None:
+        return None
+
+
+class FakeLLM:
+    name = "fake"
+
+    def __init__(self, replies: list[str], token_delay: float = 0.002) -> None:
+        self.replies = list(replies)
+        self.requests: list[list[ChatMessage]] = []
+        self.token_delay = token_delay
+
+    def conversation(self) -> FakeConversation:
+        return FakeConversation(self)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class RecordingOutbound:
+    def __init__(self) -> None:
+        self.events: list[OutEvent] = []
+        self.audio: list[bytes] = []
+        self.changed = asyncio.Event()
+
+    async def send_event(self, event: OutEvent) -> None:
+        self.events.append(event)
+        self.changed.set()
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        self.audio.append(pcm16)
+        self.changed.set()
+
+    async def wait(self, predicate: object, timeout: float = 5.0) -> None:
+        async def loop() -> None:
+            while not predicate():  # type: ignore[operator]
+                self.changed.clear()
+                await self.changed.wait()
+        await asyncio.wait_for(loop(), timeout)

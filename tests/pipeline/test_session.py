@@ -1,0 +1,99 @@
+"""The session's turn-taking, barge-in and history, with fake engines (tests/pipeline/fakes.py)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from models.protocols import SamplingParams
+from pipeline.clock import MonotonicClock
+from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
+from pipeline.events import AudioFrame, ResponseDone, SpeechStarted, TranscriptFinal
+from pipeline.session import Backends, PipelineConfig, Session
+from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad, RecordingOutbound
+
+STORY = ("Once upon a time, a little dragon lived in a cave by the sea. Every morning she flew over the "
+         "waves. One day she found a lost ship and guided it home. The sailors cheered and sang for her.")
+
+
+def make_session(llm: FakeLLM, finals: list[str]) -> tuple[Session, RecordingOutbound]:
+    backends = Backends(FakeVad(), FakeRecognizer(finals), FakeSynthesizer(), llm)
+    config = PipelineConfig(
+        EndpointingConfig(min_speech_ms=64, end_silence_ms=256, prefix_padding_ms=100),
+        AsrStageConfig(partials=False), ChunkerConfig(), SessionConfig(output_lead_ms=0, output_chunk_ms=20),
+        SamplingParams(),
+    )
+    out = RecordingOutbound()
+    return Session(backends, config, MonotonicClock(), out, output_rate=8000, system_prompt="Be kind."), out
+
+
+async def speak(session: Session, seconds: float, loud: bool) -> None:
+    samples = np.full(int(16000 * seconds), 0.5 if loud else 0.0, dtype=np.float32)
+    for i in range(0, len(samples), 320):
+        await session.audio_in.put(AudioFrame(samples[i:i + 320], 0.0))
+
+
+def done_events(out: RecordingOutbound) -> list[ResponseDone]:
+    return [e for e in out.events if isinstance(e, ResponseDone)]
+
+
+async def test_a_turn_gets_a_reply_with_every_mark() -> None:
+    llm = FakeLLM(["Sure, a table for two at eight is booked."])
+    session, out = make_session(llm, ["Book a table for two at eight."])
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.3, False)
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    await out.wait(lambda: done_events(out))
+    done = done_events(out)[0]
+    assert done.status == "completed" and done.text == "Sure, a table for two at eight is booked."
+    assert set(done.latency_ms) == {"speech_end", "asr_final", "llm_first_token", "first_phrase",
+                                    "tts_first_audio", "first_audio_sent"}
+    assert [m.role for m in session.history] == ["system", "user", "assistant"]
+    assert llm.requests[0][0].content == "Be kind."
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_barge_in_stops_audio_and_history_keeps_only_what_was_sent() -> None:
+    llm = FakeLLM([STORY, "Okay, I stopped."])
+    session, out = make_session(llm, ["Tell me a story.", "Stop."])
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.4, False)
+    # let about 0.6 s of the ~4 s story go out (20 ms chunks at 8 kHz = 320 bytes)
+    await out.wait(lambda: sum(len(a) for a in out.audio) >= 2 * 8000 * 0.6)
+    await speak(session, 0.3, True)
+    await out.wait(lambda: done_events(out))
+    sent_at_interrupt = sum(len(a) for a in out.audio)
+    first = done_events(out)[0]
+    assert first.status == "interrupted"
+    assert any(isinstance(e, SpeechStarted) and e.turn_id == 2 for e in out.events)
+    # ~0.6-0.8 s of audio at 0.1 s per word: the first handful of words, a prefix of the story
+    assert STORY.startswith(first.text) and 4 <= len(first.text.split()) <= 10, first.text
+    await asyncio.sleep(0.2)
+    assert sum(len(a) for a in out.audio) == sent_at_interrupt, "audio kept flowing after the barge-in"
+
+    await speak(session, 0.4, False)
+    await out.wait(lambda: len(done_events(out)) == 2)
+    second_request = llm.requests[1]
+    assert [m.role for m in second_request] == ["system", "user", "assistant", "user"]
+    assert second_request[2].content == first.text  # only what was sent
+    assert second_request[3].content == "Stop."
+    assert any(isinstance(e, TranscriptFinal) and e.text == "Stop." for e in out.events)
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_noise_without_words_gets_no_reply() -> None:
+    llm = FakeLLM([])
+    session, out = make_session(llm, [""])
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.3, True)
+    await speak(session, 0.5, False)
+    await out.wait(lambda: any(isinstance(e, TranscriptFinal) for e in out.events))
+    await asyncio.sleep(0.05)
+    assert not llm.requests and not done_events(out)
+    await session.audio_in.put(None)
+    await task
