@@ -14,7 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from fastapi.staticfiles import StaticFiles
 
-from app import ws_native
+from app import openai_api, ws_native
 from app.runtime import Runtime
 from app.settings import Settings
 from pipeline.clock import Clock, MonotonicClock
@@ -31,6 +31,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(runtime.load())
+        runtime.start_vllm_metrics()
         try:
             yield
         finally:
@@ -40,6 +41,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app = FastAPI(title="voice-agent", version="0.1.0", lifespan=lifespan)
     app.state.runtime = runtime
     app.include_router(ws_native.router)
+    app.include_router(openai_api.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)

@@ -36,6 +36,8 @@ class Metrics:
             "voice_agent_llm_tokens_per_second", "LLM decoding speed per reply",
             buckets=(1, 2, 4, 6, 8, 10, 15, 20, 30, 50, 100, 200), registry=r)
         self.completion_tokens = Counter("voice_agent_llm_completion_tokens_total", "Tokens generated", registry=r)
+        self.api_requests = Counter(
+            "voice_agent_api_requests_total", "Chat completion API requests by outcome", ["outcome"], registry=r)
         self.spec_drafts = Counter(
             "voice_agent_spec_decode_num_drafts_total", "Speculative drafts proposed", registry=r)
         self.spec_draft_tokens = Counter(

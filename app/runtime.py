@@ -13,6 +13,7 @@ import numpy as np
 from app.metrics import Metrics
 from app.settings import Settings
 from models import registry
+from models.vllm_metrics import VllmMetricsPoller
 from pipeline.clock import Clock
 from pipeline.config import DEFAULT_SYSTEM_PROMPT
 from pipeline.errors import VoiceAgentError
@@ -32,6 +33,7 @@ class Runtime:
     sessions: set[str] = field(default_factory=set)
     metrics: Metrics = field(default_factory=Metrics)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    vllm_metrics: VllmMetricsPoller | None = None
 
     async def on_turn(self, done: ResponseDone) -> None:
         self.metrics.observe_turn(done)
@@ -76,11 +78,22 @@ class Runtime:
         self.ready.set()
         log.info("models loaded; ready for calls")
 
+    def start_vllm_metrics(self) -> None:
+        """With the vLLM backend and llm.vllm_metrics_url set, republish vLLM's speculative-decoding
+        acceptance in this service's /metrics (stopped by aclose)."""
+        llm = self.settings.llm
+        if llm.engine == "openai" and llm.vllm_metrics_url and self.vllm_metrics is None:
+            self.vllm_metrics = VllmMetricsPoller(llm.vllm_metrics_url, self.metrics.registry, self.clock,
+                                                  interval_s=llm.vllm_metrics_interval_s)
+            self.vllm_metrics.start()
+
     def _say(self, status: str) -> None:
         self.status = status
         log.info("%s", status)
 
     async def aclose(self) -> None:
+        if self.vllm_metrics is not None:
+            await self.vllm_metrics.stop()
         if self.backends is not None:
             await self.backends.llm.aclose()
             for worker in (self.backends.vad_worker, self.backends.asr_worker, self.backends.tts_worker):
@@ -110,7 +123,7 @@ def load_backends(settings: Settings, clock: Clock, say: object = print) -> Back
     for _ in tts.synthesize("Hello there."):
         pass
     report(f"loading LLM ({settings.llm.engine}, {settings.llm.model})")
-    llm = registry.load_llm(settings.llm, clock)
+    llm = registry.load_llm(settings.llm, clock, sequences=settings.server.max_sessions)
     warm_up = getattr(llm, "warm_up", None)
     if callable(warm_up):
         warm_up()

@@ -63,4 +63,9 @@ class LlmConfig(BaseModel):
     remote_model: str = Field("", description="model name the remote server serves (empty: ask /models)")
     connect_timeout_s: float = Field(2.0, gt=0)
     read_timeout_s: float = Field(10.0, gt=0, description="longest silence between streamed tokens")
-    retries_before_first_token: int = Field(1, ge=0, le=5)
+    retries_before_first_token: int = Field(
+        default=1, ge=0, le=5, description="retries of a request that failed before any text arrived (never after)")
+    vllm_metrics_url: str = Field(
+        default="", description="vLLM's Prometheus endpoint (e.g. http://vllm:8000/metrics): its speculative-decoding "
+                        "acceptance is re-exported at /metrics; empty: not read")
+    vllm_metrics_interval_s: float = Field(default=5.0, gt=0, description="how often vllm_metrics_url is read")

@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 class SessionDecoding(Protocol):
     """Per-conversation decoding state (a draft model's cache, a K controller...)."""
 
+    cap: int | None  # most tokens to draft per step (None: no limit)
+
     def decoder(self, state: LMState, params: SamplingParams, stats: GenerationStats) -> Decoder: ...
 
 
@@ -35,7 +37,13 @@ class PlainStrategy:
         self.lm = lm
 
     def new_session(self) -> SessionDecoding:
-        return self
+        return PlainSession(self.lm)
+
+
+class PlainSession:
+    def __init__(self, lm: TorchLM) -> None:
+        self.lm = lm
+        self.cap: int | None = None
 
     def decoder(self, state: LMState, params: SamplingParams, stats: GenerationStats) -> Decoder:
         return PlainDecoder(self.lm, state, params, stats)
@@ -101,6 +109,9 @@ class EmbeddedConversation:
                 yield TextDelta(text)
         stats.duration_ms = (clock.now() - started) * 1000
         yield GenerationDone(stats)
+
+    def set_speculation_cap(self, cap: int | None) -> None:
+        self.decoding.cap = cap
 
     async def aclose(self) -> None:
         self.state = self.llm.lm.new_state()

@@ -55,6 +55,15 @@ class ChatMessage:
 
 
 @dataclass(frozen=True)
+class Speculation:
+    """A request's choice of speculative decoding (embedded engine): method "off", "ngram" or
+    "draft_model"; k a fixed number of drafted tokens, or None to let the controller choose."""
+
+    method: str
+    k: int | None = None
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 means greedy. top_k 0 and top_p 1.0 switch those filters off."""
 
@@ -63,6 +72,7 @@ class SamplingParams:
     top_k: int = 20
     max_tokens: int = 160
     seed: int | None = None
+    speculation: Speculation | None = None  # None: the engine's configured default
 
 
 @dataclass
@@ -138,6 +148,10 @@ class Conversation(Protocol):
     def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[LLMOutput]:
         """Stream the assistant's reply to `messages`: text deltas, then one GenerationDone.
         Closing the iterator early cancels the generation."""
+        ...
+
+    def set_speculation_cap(self, cap: int | None) -> None:
+        """Limit the tokens drafted per step (None: no limit); backends without speculation ignore it."""
         ...
 
     async def aclose(self) -> None: ...

@@ -54,11 +54,12 @@ def load_tts(config: TtsConfig) -> Synthesizer:
     return tts
 
 
-def load_llm(config: LlmConfig, clock: Clock) -> LanguageModel:
+def load_llm(config: LlmConfig, clock: Clock, *, sequences: int = 8) -> LanguageModel:
+    """`sequences`: conversations held at once, for the embedded engine's memory estimate."""
     if config.engine == "embedded":
         from models.llm_factory import load_embedded
 
-        return load_embedded(config, clock)
+        return load_embedded(config, clock, sequences=sequences)
     if config.engine == "openai":
         from models.llm_openai import OpenAIChatLLM
 

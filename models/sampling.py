@@ -18,21 +18,30 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     At temperature 0 the result is one-hot on the argmax (greedy decoding as a distribution,
     which makes greedy speculative decoding a special case of the same rule)."""
     logits = logits.float()
-    if params.temperature <= 0:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
     vocab = logits.shape[-1]
+    if params.temperature <= 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), vocab).float()
+    logits = logits / params.temperature
     if 0 < params.top_k < vocab:
-        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        # Work on the k best only (sorting 150k logits per position would cost more than the filter).
+        values, index = torch.topk(logits, params.top_k, dim=-1)  # [..., k], sorted descending
+        probs = _top_p_sorted(values.softmax(-1), params.top_p)
+        return torch.zeros_like(logits).scatter_(-1, index, probs)
     if params.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        sorted_probs = sorted_logits.softmax(-1)
-        # Drop a token when the tokens ranked above it already reach top_p (the top token stays).
-        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
+        values, index = torch.sort(logits, dim=-1, descending=True)
+        probs = _top_p_sorted(values.softmax(-1), params.top_p)
+        return torch.zeros_like(logits).scatter_(-1, index, probs)
     return logits.softmax(-1)
+
+
+def _top_p_sorted(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest head of a descending distribution whose mass reaches top_p; renormalize."""
+    if top_p >= 1.0:
+        return sorted_probs
+    # drop a token when the tokens ranked above it already reach top_p (the top token always stays)
+    drop = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p
+    kept = sorted_probs.masked_fill(drop, 0.0)
+    return kept / kept.sum(-1, keepdim=True)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:

@@ -1,0 +1,236 @@
+"""An OpenAI-compatible chat completions API over the service's language model, streaming
+(server-sent events) and not. With the embedded engine, a request may choose its speculative
+decoding with an extra field:
+
+    "speculative": {"method": "off" | "ngram" | "draft_model", "num_speculative_tokens": 4 | "auto"}
+
+and the final chunk's (or the response's) `usage.speculative_decoding` carries the generation's
+stats. This is the same API vLLM serves, so the voice pipeline runs against either.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.runtime import Runtime
+from models.protocols import ChatMessage, GenerationDone, GenerationStats, SamplingParams, Speculation, TextDelta
+from pipeline.errors import VoiceAgentError
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class MessageIn(BaseModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class SpeculativeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    method: Literal["off", "ngram", "draft_model"] = "ngram"
+    num_speculative_tokens: Annotated[int, Field(ge=0, le=8)] | Literal["auto"] = "auto"
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = True
+
+
+class ChatRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str | None = None
+    messages: list[MessageIn] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    seed: int | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    speculative: SpeculativeIn | None = None
+
+
+def _error(status: int, message: str, kind: str, code: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code, "param": None}}, status_code=status)
+
+
+def usage(stats: GenerationStats) -> dict[str, Any]:
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.completion_tokens,
+        "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+        "speculative_decoding": stats.as_dict(),
+    }
+
+
+class StopMatcher:
+    """Cuts the stream at the first stop string, holding back text that may be the start of one."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+        self.stopped = False
+
+    def push(self, text: str) -> str:
+        if not self.stops:
+            return text
+        self.pending += text
+        hits = [(self.pending.find(s), s) for s in self.stops if s in self.pending]
+        if hits:
+            self.stopped = True
+            out = self.pending[: min(i for i, _ in hits)]
+            self.pending = ""
+            return out
+        keep = max((len(s) - 1 for s in self.stops), default=0)
+        for cut in range(min(keep, len(self.pending)), 0, -1):
+            if any(s.startswith(self.pending[-cut:]) for s in self.stops):
+                out, self.pending = self.pending[:-cut], self.pending[-cut:]
+                return out
+        out, self.pending = self.pending, ""
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    runtime: Runtime = request.app.state.runtime
+    return {"object": "list", "data": [{"id": runtime.settings.llm.model, "object": "model", "owned_by": "voice-agent"}]}
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
+    runtime: Runtime = request.app.state.runtime
+    try:
+        body = ChatRequest.model_validate(await request.json())
+    except json.JSONDecodeError as exc:
+        return _error(400, f"the body is not JSON: {exc}", "invalid_request_error", "invalid_json")
+    except ValidationError as exc:
+        details = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return _error(400, details, "invalid_request_error", "invalid_request")
+    if not runtime.ready.is_set() or runtime.backends is None:
+        return _error(503, f"models are not loaded yet ({runtime.status})", "server_error", "not_ready")
+    served = runtime.settings.llm.model
+    if body.model not in (None, "", served):
+        return _error(404, f"model {body.model!r} is not served here; this server serves {served!r}",
+                      "invalid_request_error", "model_not_found")
+    if body.n != 1:
+        return _error(400, "only n=1 is supported", "invalid_request_error", "unsupported_n")
+    methods = getattr(getattr(runtime.backends.llm, "strategy", None), "methods", ("off",))
+    if body.speculative and body.speculative.method not in methods:
+        return _error(400, f"speculative method {body.speculative.method!r} is not available here "
+                           f"(available: {', '.join(methods)}); the draft_model method needs "
+                           "llm.speculative.method=draft_model at start-up", "invalid_request_error",
+                      "speculation_unavailable")
+
+    llm_cfg = runtime.settings.llm
+    k = body.speculative.num_speculative_tokens if body.speculative else None
+    params = SamplingParams(
+        temperature=llm_cfg.temperature if body.temperature is None else body.temperature,
+        top_p=llm_cfg.top_p if body.top_p is None else body.top_p,
+        top_k=llm_cfg.top_k if body.top_k is None else body.top_k,
+        max_tokens=min(body.max_completion_tokens or body.max_tokens or llm_cfg.max_tokens, 4096),
+        seed=body.seed,
+        speculation=Speculation(body.speculative.method, None if k == "auto" else k) if body.speculative else None,
+    )
+    messages = [ChatMessage("system" if m.role == "developer" else m.role, m.text()) for m in body.messages]
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
+    created = int(time.time())
+    metrics = runtime.metrics
+
+    async def events() -> AsyncIterator[tuple[str, GenerationStats | None]]:
+        conversation = runtime.backends.llm.conversation()  # type: ignore[union-attr]
+        matcher = StopMatcher(stops)
+        try:
+            async for out in conversation.stream(messages, params):
+                if isinstance(out, TextDelta):
+                    text = matcher.push(out.text)
+                    if text:
+                        yield text, None
+                    if matcher.stopped:
+                        out_stats = GenerationStats(finish_reason="stop")
+                        yield "", out_stats
+                        return
+                elif isinstance(out, GenerationDone):
+                    tail = matcher.flush()
+                    if tail:
+                        yield tail, None
+                    metrics.observe_generation(out.stats)
+                    yield "", out.stats
+        finally:
+            await conversation.aclose()
+
+    if not body.stream:
+        text, stats = [], GenerationStats()
+        try:
+            async for piece, final in events():
+                text.append(piece)
+                if final is not None:
+                    stats = final
+        except VoiceAgentError as exc:
+            metrics.api_requests.labels("error").inc()
+            return _error(502 if exc.retryable else 500, str(exc), "server_error", exc.code)
+        metrics.api_requests.labels("completed").inc()
+        return JSONResponse({
+            "id": completion_id, "object": "chat.completion", "created": created, "model": served,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
+                         "finish_reason": stats.finish_reason}],
+            "usage": usage(stats),
+        })
+
+    include_usage = body.stream_options.include_usage if body.stream_options else True
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, stats: GenerationStats | None = None) -> str:
+        data: dict[str, Any] = {
+            "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": served,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        if stats is not None and include_usage:
+            data["usage"] = usage(stats)
+        return f"data: {json.dumps(data)}\n\n"
+
+    async def sse() -> AsyncIterator[str]:
+        finished = False
+        try:
+            yield chunk({"role": "assistant", "content": ""})
+            async for piece, final in events():
+                if piece:
+                    yield chunk({"content": piece})
+                if final is not None:
+                    yield chunk({}, final.finish_reason, final)
+            yield "data: [DONE]\n\n"
+            finished = True
+            metrics.api_requests.labels("completed").inc()
+        except VoiceAgentError as exc:
+            metrics.api_requests.labels("error").inc()
+            error = {"error": {"message": str(exc), "type": "server_error", "code": exc.code}}
+            yield f"data: {json.dumps(error)}\n\n"
+            finished = True
+        finally:
+            if not finished:  # the client went away mid-stream: the generation was cancelled
+                metrics.api_requests.labels("aborted").inc()
+                log.info("%s: client disconnected; generation aborted", completion_id)
+
+    return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -1,0 +1,182 @@
+"""The speculative decoding step, and the strategy that plugs it into the embedded backend.
+
+A step (SpeculativeDecoder.next), with the target cache holding everything but `pending`:
+
+    K = controller.choose(...)                       # 0: a plain step
+    draft = proposer.propose(tokens + [pending], K)  # d_1..d_k, q [k, V]
+    logits = target.extend([pending, d_1..d_k])      # [k + 1, V], one forward pass
+    verdict = verify(p(logits), draft, q)            # a accepted, plus a recovered or bonus token
+    target.truncate(.. + 1 + a)                      # roll back the rejected positions exactly
+    -> d_1..d_a + [token]                            # the new pending is the last of these
+
+The draft model's own cache rolls back at its next proposal (to its common prefix with the new
+sequence), so both caches always equal a fresh prefill of the accepted sequence.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from models.generation import Decoder, PlainDecoder
+from models.protocols import GenerationStats, SamplingParams
+from models.sampling import make_generator, probabilities
+from models.spec.controller import CostModel, KController
+from models.spec.draft_model import DraftModelProposer, check_compatible
+from models.spec.ngram import NgramProposer
+from models.spec.proposer import Proposer
+from models.spec.verifier import verify_greedy, verify_sampled
+from models.torch_lm import LMState, TorchLM
+from pipeline.clock import Clock
+from pipeline.errors import ConfigError
+
+log = logging.getLogger(__name__)
+METHODS = ("off", "ngram", "draft_model")
+
+
+class SpeculativeDecoder(PlainDecoder):
+    def __init__(self, lm: TorchLM, state: LMState, params: SamplingParams, stats: GenerationStats,
+                 proposer: Proposer, controller: KController, costs: CostModel, clock: Clock) -> None:
+        super().__init__(lm, state, params, stats)
+        self.method = proposer.name
+        self.proposer, self.controller, self.costs, self.clock = proposer, controller, costs, clock
+        self.rng = make_generator(params.seed)
+        if len(stats.accepted_per_position) < controller.max_k:
+            stats.accepted_per_position.extend([0] * (controller.max_k - len(stats.accepted_per_position)))
+
+    def next(self, pending: int, budget: int) -> list[int]:
+        k = self.controller.choose(budget - 1)  # the step adds one more token after the drafted ones
+        self.stats.k_chosen.append(k)
+        if k == 0:
+            return self._plain(pending)
+        started = self.clock.now()
+        draft = self.proposer.propose([*self.state.tokens, pending], k, self.params, self.rng)
+        drafted = len(draft.tokens)
+        if drafted == 0:
+            return self._plain(pending)
+        self.costs.observe_draft(drafted, self.clock.now() - started)
+
+        base = len(self.state.tokens)
+        started = self.clock.now()
+        logits = self.lm.extend(self.state, [pending, *draft.tokens], keep_logits=drafted + 1)  # [k + 1, V]
+        if self.params.temperature <= 0:
+            verdict = verify_greedy(logits, draft.tokens)
+        else:
+            verdict = verify_sampled(probabilities(logits, self.params), draft.tokens, draft.q, self.rng)
+        self.lm.truncate(self.state, base + 1 + verdict.accepted)
+        self.costs.observe_verify(drafted, self.clock.now() - started)
+
+        self.controller.observe(drafted, verdict.accepted)
+        self.stats.drafts += 1
+        self.stats.draft_tokens += drafted
+        self.stats.accepted_tokens += verdict.accepted
+        for position in range(verdict.accepted):
+            self.stats.accepted_per_position[position] += 1
+        return [*draft.tokens[: verdict.accepted], verdict.token]
+
+    def _plain(self, pending: int) -> list[int]:
+        started = self.clock.now()
+        tokens = super().next(pending, 1)
+        self.costs.observe_verify(0, self.clock.now() - started)
+        return tokens
+
+
+@dataclass
+class SpecSession:
+    """One conversation's speculation: its proposers' state and a K controller per method."""
+
+    strategy: SpeculativeStrategy
+    proposers: dict[str, Proposer] = field(default_factory=dict)
+    controllers: dict[str, KController] = field(default_factory=dict)
+    cap: int | None = None
+
+    def decoder(self, state: LMState, params: SamplingParams, stats: GenerationStats) -> Decoder:
+        strategy = self.strategy
+        method = params.speculation.method if params.speculation else strategy.method
+        fixed = params.speculation.k if params.speculation else strategy.fixed_k
+        if method == "off" or fixed == 0:
+            return PlainDecoder(strategy.lm, state, params, stats)
+        if method not in self.proposers:
+            self.proposers[method] = strategy.make_proposer(method)
+            self.controllers[method] = strategy.make_controller(method)
+        controller = self.controllers[method]
+        controller.fixed_k = fixed
+        controller.cap = self.cap
+        return SpeculativeDecoder(strategy.lm, state, params, stats, self.proposers[method], controller,
+                                  strategy.costs[method], strategy.clock)
+
+
+class SpeculativeStrategy:
+    """The embedded engine's decoding: plain, n-gram or draft-model speculation, chosen per request
+    (default from settings). Costs are measured per method and shared by all sessions."""
+
+    def __init__(self, lm: TorchLM, clock: Clock, *, method: str = "ngram", fixed_k: int | None = None,
+                 max_k: int = 8, draft: TorchLM | None = None, ngram_min: int = 1, ngram_max: int = 4,
+                 calibrate: bool = True) -> None:
+        if method not in METHODS:
+            raise ConfigError(f"unknown speculative method {method!r}; use one of {METHODS}")
+        if method == "draft_model" and draft is None:
+            raise ConfigError("speculative method draft_model needs a draft model (llm.speculative.draft_model)")
+        if draft is not None:
+            check_compatible(lm, draft)
+        self.lm, self.clock, self.method, self.fixed_k, self.max_k = lm, clock, method, fixed_k, max_k
+        self.draft = draft
+        self.ngram = (ngram_min, ngram_max)
+        self.costs: dict[str, CostModel] = {m: CostModel(max_k) for m in METHODS if m != "off"}
+        if calibrate:
+            self.calibrate()
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        return ("off", "ngram", "draft_model") if self.draft is not None else ("off", "ngram")
+
+    def new_session(self) -> SpecSession:
+        return SpecSession(self)
+
+    def make_proposer(self, method: str) -> Proposer:
+        if method == "ngram":
+            return NgramProposer(*self.ngram)
+        if method == "draft_model":
+            if self.draft is None:
+                raise ConfigError("draft_model speculation was asked for, but no draft model is loaded "
+                                  "(set llm.speculative.draft_model and restart)")
+            return DraftModelProposer(self.draft)
+        raise ConfigError(f"unknown speculative method {method!r}; use one of {METHODS}")
+
+    def make_controller(self, method: str) -> KController:
+        # n-gram drafts cost nothing, so start hopeful; a draft model starts from a neutral prior
+        prior = (4.0, 1.0) if method == "ngram" else (3.0, 2.0)
+        return KController(self.costs[method], max_k=self.max_k, prior_accepted=prior[0], prior_rejected=prior[1])
+
+    @torch.inference_mode()
+    def calibrate(self, context: int = 64, repeats: int = 2) -> None:
+        """Measure the target's forward pass over 1..max_k+1 tokens (and a draft step) once, so the
+        controller starts from real costs; later steps keep refining them."""
+        prompt = list(range(1000, 1000 + context))
+        verify: list[float] = []
+        for k in range(self.max_k + 1):
+            best = float("inf")
+            for _ in range(repeats):
+                state = self.lm.new_state()
+                self.lm.extend(state, prompt)
+                started = self.clock.now()
+                self.lm.extend(state, prompt[: k + 1], keep_logits=k + 1)
+                best = min(best, self.clock.now() - started)
+            verify.append(best)
+        for costs in self.costs.values():
+            costs.verify = list(verify)
+        self.costs["ngram"].draft_step = 1e-4
+        if self.draft is not None:
+            state = self.draft.new_state()
+            self.draft.extend(state, prompt)
+            best = float("inf")
+            for i in range(repeats + 1):
+                started = self.clock.now()
+                self.draft.extend(state, [prompt[i]])
+                best = min(best, self.clock.now() - started)
+            self.costs["draft_model"].draft_step = best
+        log.info("speculation costs (ms): verify %s, draft step %s",
+                 [round(v * 1000) for v in verify],
+                 round((self.costs["draft_model"].draft_step or 0) * 1000) if self.draft else "-")

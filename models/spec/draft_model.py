@@ -1,0 +1,62 @@
+"""Draft-model proposer: a small model of the target's family (the Qwen2.5 0.5B for the 1.5B)
+drafts K tokens autoregressively from its own KV cache, sampling with the same filters as the
+target so its q and the target's p are comparable."""
+
+from __future__ import annotations
+
+import torch
+
+from models.protocols import SamplingParams
+from models.sampling import probabilities, sample
+from models.spec.proposer import Draft
+from models.torch_lm import TorchLM
+from pipeline.errors import IncompatibleModelsError
+
+
+def check_compatible(target: TorchLM, draft: TorchLM) -> None:
+    """Refuse a draft whose vocabulary or tokenizer differs from the target's: its token ids would
+    mean other words, and rejection sampling over them would be meaningless."""
+    problems = []
+    if target.vocab_size != draft.vocab_size:
+        problems.append(f"vocabulary sizes differ ({target.vocab_size} vs {draft.vocab_size})")
+    t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
+    if t_vocab != d_vocab:
+        differing = len(set(t_vocab.items()) ^ set(d_vocab.items()))
+        problems.append(f"tokenizers differ ({differing} token-id pairs not shared)")
+    probe = "Hello! Your order: 2 pizzas, 1 salad."
+    if not problems and target.tokenizer.encode(probe) != draft.tokenizer.encode(probe):
+        problems.append("tokenizers split the same text differently")
+    if problems:
+        raise IncompatibleModelsError(
+            f"draft model {draft.name!r} cannot draft for {target.name!r}: {'; '.join(problems)}. "
+            "Use a draft of the same family (e.g. qwen2.5-0.5b-instruct for qwen2.5-1.5b-instruct), "
+            "or the ngram method."
+        )
+
+
+class DraftModelProposer:
+    name = "draft_model"
+
+    def __init__(self, draft: TorchLM) -> None:
+        self.lm = draft
+        self.state = draft.new_state()
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Draft:
+        if k <= 0:
+            return Draft([], None)
+        # The draft cache rolls back to its longest common prefix with the context (exactly what
+        # the target kept) and computes only the rest.
+        logits, _ = self.lm.prefill(self.state, context)  # [V]
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        for i in range(k):
+            q = probabilities(logits, params)  # [V]
+            token = int(logits.argmax()) if params.temperature <= 0 else sample(q, rng)
+            tokens.append(token)
+            qs.append(q)
+            if i < k - 1:
+                logits = self.lm.extend(self.state, [token])[-1]
+        return Draft(tokens, torch.stack(qs))  # q: [k, V]
+
+    def reset(self) -> None:
+        self.state = self.lm.new_state()

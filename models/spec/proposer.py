@@ -1,0 +1,34 @@
+"""What a proposer is: something that drafts tokens to follow a sequence.
+
+Draft-model and n-gram proposers exist; heads on the target's own hidden states (Medusa/EAGLE
+style) fit the same protocol: they would read the target's last hidden state instead of a cache of
+their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from models.protocols import SamplingParams
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: list[int]  # [k] drafted token ids, k <= the K asked for (may be 0)
+    q: torch.Tensor | None  # [k, V] distributions they were drawn from; None: each is a point mass
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Draft:
+        """Draft up to k tokens to follow `context` (every token so far, including the last
+        produced one). Blocking; runs on the model's worker thread."""
+        ...
+
+    def reset(self) -> None:
+        """Forget per-sequence state (a new conversation)."""
+        ...
