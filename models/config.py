@@ -35,7 +35,8 @@ class TtsConfig(BaseModel):
 
 
 class SpeculativeConfig(BaseModel):
-    method: Literal["off", "ngram", "draft_model"] = "off"
+    method: Literal["off", "ngram", "draft_model"] = Field(
+        "ngram", description="the default for voice turns; API requests may choose their own")
     num_speculative_tokens: int | Literal["auto"] = "auto"
     max_speculative_tokens: int = Field(8, ge=0, le=8)
     draft_model: str = Field("qwen2.5-0.5b-instruct", description="for method draft_model")

@@ -1,8 +1,11 @@
 """Streaming ASR: interim transcripts while the caller speaks, a final one when the turn ends.
 
 Whisper is not a streaming model, so interim transcripts re-read the turn's audio so far, at most
-one at a time and only after `partial_interval_ms` of new speech. Recognition runs on the ASR
-worker thread while speech events keep flowing, so a barge-in is never held up by a transcription.
+one at a time and only after `partial_interval_ms` of new speech. When the caller pauses
+(SpeechPaused) the final transcript starts early, on the audio so far; if the turn then ends
+without more speech, that result is the final one, so the transcript is ready at `speech_end`
+instead of a Whisper pass after it. Recognition runs on the ASR worker thread while speech events
+keep flowing, so a barge-in is never held up by a transcription.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from pipeline.events import (
     InputEvent,
     SpeechAudio,
     SpeechEvent,
+    SpeechPaused,
+    SpeechResumed,
     SpeechStarted,
     SpeechStopped,
     TranscriptFinal,
@@ -44,53 +49,61 @@ async def asr_stage(
     finalized: set[int] = set()
     interval = int(recognizer.sample_rate * config.partial_interval_ms / 1000)
 
-    async def transcribe(turn_id: int, audio: np.ndarray, final: bool) -> None:
-        try:
-            text = await worker.run(recognizer.transcribe, audio)
-        except VoiceAgentError as exc:
-            if final:  # the turn gets no reply, but the caller hears about it and the session goes on
-                await out.put(ErrorEvent(exc.code, f"speech recognition failed: {exc}", turn_id))
-                await out.put(TranscriptFinal(turn_id, "", clock.now()))
-            return
-        if final:
-            await out.put(TranscriptFinal(turn_id, text, clock.now()))
-        elif turn_id not in finalized and text:
-            await out.put(TranscriptPartial(turn_id, text, clock.now()))
-
-    def start(turn_id: int, audio: np.ndarray, final: bool) -> asyncio.Task[None]:
-        task = asyncio.create_task(transcribe(turn_id, audio, final))
+    def spawn(coro: object) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         return task
+
+    async def partial(turn_id: int, audio: np.ndarray) -> None:
+        with contextlib.suppress(VoiceAgentError):  # a failed interim transcript is only skipped
+            text = await worker.run(recognizer.transcribe, audio)
+            if turn_id not in finalized and text:
+                await out.put(TranscriptPartial(turn_id, text, clock.now()))
+
+    async def final(turn_id: int, early: asyncio.Future[str] | None, audio: np.ndarray) -> None:
+        try:
+            text = await early if early is not None else await worker.run(recognizer.transcribe, audio)
+        except VoiceAgentError as exc:  # the turn gets no reply; the caller hears why, the call goes on
+            await out.put(ErrorEvent(exc.code, f"speech recognition failed: {exc}", turn_id))
+            text = ""
+        await out.put(TranscriptFinal(turn_id, text, clock.now()))
+
+    async def read() -> None:
+        chunks: list[np.ndarray] = []
+        size = partial_at = 0
+        partial_task: asyncio.Task[None] | None = None
+        early: asyncio.Future[str] | None = None  # the final transcript started at a pause
+        async for event in events:
+            if isinstance(event, SpeechStarted):
+                chunks, size, partial_at, partial_task, early = [], 0, 0, None, None
+                await out.put(event)
+            elif isinstance(event, SpeechAudio):
+                chunks.append(event.samples)
+                size += len(event.samples)
+                idle = partial_task is None or partial_task.done()
+                if config.partials and early is None and size - partial_at >= interval and idle:
+                    partial_at = size
+                    partial_task = spawn(partial(event.turn_id, np.concatenate(chunks)))
+            elif isinstance(event, SpeechPaused):
+                early = asyncio.ensure_future(worker.run(recognizer.transcribe, np.concatenate(chunks)))
+            elif isinstance(event, SpeechResumed):
+                if early is not None:
+                    early.cancel()  # its result would miss what the caller is saying now
+                early = None
+            elif isinstance(event, SpeechStopped):
+                finalized.add(event.turn_id)
+                await out.put(event)
+                audio = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+                spawn(final(event.turn_id, early, audio))
+                chunks, size, early = [], 0, None
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def pump() -> None:
         try:
             await read()
         finally:
             await out.put(_END)
-
-    async def read() -> None:
-        chunks: list[np.ndarray] = []
-        size = 0
-        partial_at = 0
-        partial: asyncio.Task[None] | None = None
-        async for event in events:
-            if isinstance(event, SpeechStarted):
-                chunks, size, partial_at, partial = [], 0, 0, None
-                await out.put(event)
-            elif isinstance(event, SpeechAudio):
-                chunks.append(event.samples)
-                size += len(event.samples)
-                if config.partials and size - partial_at >= interval and (partial is None or partial.done()):
-                    partial_at = size
-                    partial = start(event.turn_id, np.concatenate(chunks), final=False)
-            elif isinstance(event, SpeechStopped):
-                finalized.add(event.turn_id)
-                await out.put(event)
-                audio = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
-                start(event.turn_id, audio, final=True)
-                chunks, size = [], 0
-        await asyncio.gather(*tasks, return_exceptions=True)
 
     pumping = asyncio.create_task(pump())
     try:

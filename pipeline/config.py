@@ -18,6 +18,9 @@ class EndpointingConfig(BaseModel):
     end_silence_ms: int = Field(480, ge=64, description="silence that ends the caller's turn")
     prefix_padding_ms: int = Field(300, ge=0, description="audio before the detected start given to ASR")
     max_turn_s: float = Field(30.0, gt=1, description="a turn longer than this is ended")
+    early_final_ms: int = Field(
+        200, ge=0, description="after this much silence, start the final transcript while waiting for the "
+        "end of the turn (0: wait for the end); discarded if the caller goes on")
 
 
 class AsrStageConfig(BaseModel):
@@ -38,3 +41,6 @@ class SessionConfig(BaseModel):
     output_chunk_ms: int = Field(40, ge=10, le=500, description="reply audio per binary frame")
     output_lead_ms: int = Field(300, ge=0, description="how far reply audio may run ahead of real time")
     apology: str = "Sorry, I'm having trouble answering right now. Could you say that again?"
+    speculation_relax_s: float = Field(
+        4.0, ge=0, description="once this much reply audio waits to be played, the LLM drafts nothing "
+        "(K capped at 0): it is far enough ahead of the caller's ears, and other calls get the CPU")

@@ -16,12 +16,20 @@ from models.protocols import VadStream
 from models.worker import ModelWorker
 from pipeline.clock import Clock
 from pipeline.config import EndpointingConfig
-from pipeline.events import AudioFrame, SpeechAudio, SpeechEvent, SpeechStarted, SpeechStopped
+from pipeline.events import (
+    AudioFrame,
+    SpeechAudio,
+    SpeechEvent,
+    SpeechPaused,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
+)
 
 
 @dataclass(frozen=True)
 class Decision:
-    kind: str  # "start" | "stop"
+    kind: str  # "start" | "pause" | "resume" | "stop"
     audio_ms: float  # position in the stream: where speech began (start) or ended (stop)
     forced: bool = False
 
@@ -32,6 +40,8 @@ class Endpointer:
     Silence -> speech once probabilities stay >= threshold for min_speech_ms.
     Speech -> silence once they stay < neg_threshold for end_silence_ms, or the turn reaches
     max_turn_s. Probabilities between the thresholds keep the current state (hysteresis).
+    Within speech, `early_final_ms` of silence is a pause (the turn may be ending) and speech after
+    a pause a resume.
     """
 
     def __init__(self, config: EndpointingConfig, window_ms: float) -> None:
@@ -44,6 +54,7 @@ class Endpointer:
         self.in_speech = False
         self._run_ms = 0.0  # speech run (while silent) or silence run (while in speech)
         self._turn_start_ms = 0.0
+        self._paused = False
 
     def feed(self, probability: float) -> Decision | None:
         self.position_ms += self.window_ms
@@ -64,10 +75,17 @@ class Endpointer:
             return self._stop(self.position_ms - self._run_ms, forced=False)
         if self.position_ms - self._turn_start_ms >= cfg.max_turn_s * 1000:
             return self._stop(self.position_ms, forced=True)
+        if 0 < cfg.early_final_ms <= self._run_ms and not self._paused:
+            self._paused = True
+            return Decision("pause", self.position_ms - self._run_ms)
+        if self._paused and self._run_ms == 0.0:
+            self._paused = False
+            return Decision("resume", self.position_ms)
         return None
 
     def _stop(self, end_ms: float, forced: bool) -> Decision:
         self.in_speech = False
+        self._paused = False
         self._run_ms = 0.0
         return Decision("stop", end_ms, forced)
 
@@ -109,7 +127,11 @@ async def vad_stage(
                     history_len = 0
                 else:
                     yield SpeechAudio(turn_id, window)
-                if decision is not None and decision.kind == "stop":
+                if decision is not None and decision.kind == "pause":
+                    yield SpeechPaused(turn_id, clock.now())
+                elif decision is not None and decision.kind == "resume":
+                    yield SpeechResumed(turn_id, clock.now())
+                elif decision is not None and decision.kind == "stop":
                     # Audio arrives in real time and the frame's last sample came at frame.at, so the
                     # caller stopped (unclassified samples + silence waited for) before that.
                     behind_s = (len(pending) + consumed) / sample_rate - decision.audio_ms / 1000

@@ -33,6 +33,22 @@ class SpeechAudio:
 
 
 @dataclass(frozen=True)
+class SpeechPaused:
+    """The caller has been silent for `early_final_ms`: the turn may be ending."""
+
+    turn_id: int
+    at: float
+
+
+@dataclass(frozen=True)
+class SpeechResumed:
+    """The caller spoke again after a pause: the turn goes on."""
+
+    turn_id: int
+    at: float
+
+
+@dataclass(frozen=True)
 class SpeechStopped:
     turn_id: int
     at: float  # when endpointing decided the turn is over: the `speech_end` mark
@@ -55,7 +71,7 @@ class TranscriptFinal:
     at: float
 
 
-SpeechEvent = SpeechStarted | SpeechAudio | SpeechStopped
+SpeechEvent = SpeechStarted | SpeechAudio | SpeechPaused | SpeechResumed | SpeechStopped
 
 # -- reply side: LLM -> phrase chunker -> TTS -------------------------------------------------------
 

@@ -99,6 +99,7 @@ class Reply:
     error: str | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     finished: bool = False
+    queued_samples: int = 0  # produced but not yet sent
 
 
 async def _one(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:
@@ -213,6 +214,7 @@ class Session:
                 elif isinstance(event, ReplyAudio):
                     turn.mark("tts_first_audio", event.at)
                     reply.ledger.add_audio(event.phrase_index, len(event.samples))
+                    reply.queued_samples += len(event.samples)
                     await reply.playout.put(event)
                 elif isinstance(event, ReplyFinished):
                     reply.stats = event.stats
@@ -233,6 +235,7 @@ class Session:
         for chunk in chunks:
             audio = resample(np.asarray(chunk, dtype=np.float32), tts.sample_rate, self.output_rate)
             reply.turn.mark("tts_first_audio", self.clock.now())
+            reply.queued_samples += len(audio)
             await reply.playout.put(ReplyAudio(reply.turn.turn_id, -1, audio, self.clock.now()))
 
     async def _play(self, reply: Reply, generation: int) -> None:
@@ -241,6 +244,7 @@ class Session:
         chunk = max(1, self.output_rate * cfg.output_chunk_ms // 1000)
         started: float | None = None
         sent_s = 0.0
+        relaxed = False
         while (item := await reply.playout.get()) is not None:
             for start in range(0, len(item.samples), chunk):
                 piece = item.samples[start:start + chunk]
@@ -256,6 +260,14 @@ class Session:
                     reply.turn.mark("first_audio_sent", started)
                 sent_s += len(piece) / self.output_rate
                 reply.ledger.add_sent(item.phrase_index, len(piece))
+                reply.queued_samples -= len(piece)
+                # The TTS token-rate budget: far ahead of playback, speculation buys nothing.
+                ahead = reply.queued_samples / self.output_rate + sent_s - (self.clock.now() - started)
+                if (ahead > cfg.speculation_relax_s) != relaxed:
+                    relaxed = not relaxed
+                    self.conversation.set_speculation_cap(0 if relaxed else None)
+        if relaxed:
+            self.conversation.set_speculation_cap(None)
         if generation == self.generation:
             await self._finish(reply, "failed" if reply.error else "completed")
 

@@ -71,6 +71,9 @@ class FakeConversation:
             yield TextDelta(word if i == 0 else " " + word)
         yield GenerationDone(GenerationStats(completion_tokens=len(reply.split()), duration_ms=1.0))
 
+    def set_speculation_cap(self, cap: int | None) -> None:
+        self.llm.caps.append(cap)
+
     async def aclose(self) -> None:
         return None
 
@@ -82,6 +85,7 @@ class FakeLLM:
         self.replies = list(replies)
         self.requests: list[list[ChatMessage]] = []
         self.token_delay = token_delay
+        self.caps: list[int | None] = []
 
     def conversation(self) -> FakeConversation:
         return FakeConversation(self)

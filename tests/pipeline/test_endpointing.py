@@ -30,27 +30,35 @@ def test_speech_starts_only_after_min_speech() -> None:
 
 def test_turn_ends_after_the_silence_and_reports_where_speech_ended() -> None:
     probs = [0.9] * 20 + [0.05] * 20
-    decisions = run(probs, min_speech_ms=96, end_silence_ms=480)
+    decisions = run(probs, min_speech_ms=96, end_silence_ms=480, early_final_ms=0)
     assert [d[0] for d in decisions] == ["start", "stop"]
     assert decisions[1][1] == 20 * WINDOW_MS  # speech ended where the silence began
 
 
-def test_short_pause_does_not_end_the_turn() -> None:
+def test_a_pause_comes_before_the_end_and_a_resume_cancels_it() -> None:
     probs = [0.9] * 10 + [0.05] * 10 + [0.9] * 10 + [0.05] * 20
-    decisions = run(probs, min_speech_ms=96, end_silence_ms=480)
-    assert [d[0] for d in decisions] == ["start", "stop"]
-    assert decisions[1][1] == 30 * WINDOW_MS
+    decisions = run(probs, min_speech_ms=96, end_silence_ms=480, early_final_ms=192)
+    assert [d[0] for d in decisions] == ["start", "pause", "resume", "pause", "stop"]
+    assert decisions[1][1] == 10 * WINDOW_MS  # the pause began where the silence did
+    assert decisions[-1][1] == 30 * WINDOW_MS
+
+
+def test_short_pause_does_not_end_the_turn() -> None:
+    probs = [0.9] * 10 + [0.05] * 5 + [0.9] * 10 + [0.05] * 20
+    decisions = run(probs, min_speech_ms=96, end_silence_ms=480, early_final_ms=192)
+    assert [d[0] for d in decisions] == ["start", "pause", "stop"]
+    assert decisions[-1][1] == 25 * WINDOW_MS
 
 
 def test_hysteresis_between_thresholds_keeps_speech_going() -> None:
     # 0.4 is under threshold 0.5 but over neg_threshold 0.35: it neither starts silence nor speech.
     probs = [0.9] * 10 + [0.4] * 30 + [0.0] * 16
-    decisions = run(probs, min_speech_ms=96, end_silence_ms=480)
+    decisions = run(probs, min_speech_ms=96, end_silence_ms=480, early_final_ms=0)
     assert decisions[1][1] == 40 * WINDOW_MS
 
 
 def test_long_turn_is_forced_to_end() -> None:
-    decisions = run([0.9] * 100, min_speech_ms=96, max_turn_s=2.0)
+    decisions = run([0.9] * 100, min_speech_ms=96, max_turn_s=2.0, early_final_ms=0)
     assert ("stop", pytest.approx(decisions[1][1]), True) == decisions[1]
     assert decisions[1][1] - decisions[0][1] >= 2000
 

@@ -97,3 +97,19 @@ async def test_noise_without_words_gets_no_reply() -> None:
     assert not llm.requests and not done_events(out)
     await session.audio_in.put(None)
     await task
+
+
+async def test_speculation_is_capped_while_far_ahead_of_playback() -> None:
+    llm = FakeLLM(["One two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen."])
+    session, out = make_session(llm, ["Count to fifteen."])
+    session.config = PipelineConfig(session.config.endpointing, session.config.asr, session.config.chunker,
+                                    SessionConfig(output_lead_ms=0, output_chunk_ms=20, speculation_relax_s=0.8),
+                                    session.config.sampling)
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    await out.wait(lambda: done_events(out), timeout=10)
+    # 1.5 s of audio produced at once: capped while more than 0.8 s waited, released after
+    assert llm.caps == [0, None]
+    await session.audio_in.put(None)
+    await task
