@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,8 +124,8 @@ class OpenAIChatLLM:
             return LLMUnavailableError(f"connecting to the LLM server at {url} timed out after "
                                        f"{c.connect_timeout_s:g} s; check that it is up and reachable (llm.base_url)")
         if isinstance(exc, httpx.ConnectError):
-            return LLMUnavailableError(f"cannot connect to the LLM server at {url} ({exc}); check that it is "
-                                       "running and that llm.base_url is right")
+            return LLMUnavailableError(f"cannot connect to the LLM server at {url} ({_os_reason(exc)}); check that "
+                                       "it is running and that llm.base_url is right")
         if isinstance(exc, httpx.TimeoutException):
             return LLMUnavailableError(f"the LLM server at {url} sent nothing for {c.read_timeout_s:g} s (stalled); "
                                        "check its load and logs, or raise llm.read_timeout_s")
@@ -218,24 +219,25 @@ class OpenAIConversation:
                 if not kind.startswith("text/event-stream"):
                     raise EngineError(f"the LLM server at {llm.base_url} answered {kind or 'no content type'}, not a "
                                       "stream of server-sent events; is llm.base_url an OpenAI-compatible API?")
-                async for data in self._events(response):
-                    if data == "[DONE]":
-                        break
-                    text, finish, chunk_usage = self._read_chunk(data)
-                    if text:
-                        if not progress.text_sent:
-                            stats.time_to_first_token_ms = (llm.clock.now() - started) * 1000
-                            progress.text_sent = True
-                        progress.deltas += 1
-                        yield TextDelta(text)
-                    if finish:
-                        stats.finish_reason = finish
-                        progress.finished = True
-                    usage = chunk_usage or usage
-                else:  # the stream ended without [DONE]: whole only if a finish_reason came
-                    if not progress.finished:
-                        raise LLMUnavailableError(f"the LLM server at {llm.base_url} ended the stream before the "
-                                                  "reply was finished; check the server's logs")
+                async with contextlib.aclosing(self._events(response)) as events:
+                    async for data in events:
+                        if data == "[DONE]":
+                            break
+                        text, finish, chunk_usage = self._read_chunk(data)
+                        if text:
+                            if not progress.text_sent:
+                                stats.time_to_first_token_ms = (llm.clock.now() - started) * 1000
+                                progress.text_sent = True
+                            progress.deltas += 1
+                            yield TextDelta(text)
+                        if finish:
+                            stats.finish_reason = finish
+                            progress.finished = True
+                        usage = chunk_usage or usage
+                    else:  # the stream ended without [DONE]: whole only if a finish_reason came
+                        if not progress.finished:
+                            raise LLMUnavailableError(f"the LLM server at {llm.base_url} ended the stream before "
+                                                      "the reply was finished; check the server's logs")
         except httpx.RequestError as exc:
             if not progress.finished:
                 raise llm.transport_error(exc) from exc
@@ -244,7 +246,7 @@ class OpenAIConversation:
         stats.duration_ms = (llm.clock.now() - started) * 1000
         yield GenerationDone(stats)
 
-    async def _events(self, response: httpx.Response) -> AsyncIterator[str]:
+    async def _events(self, response: httpx.Response) -> AsyncGenerator[str, None]:
         """The data of each server-sent event as it completes. Raises LLMUnavailableError when no
         event completes for read_timeout_s even though bytes (e.g. keep-alive comments) arrive; the
         time the consumer spends between events does not count."""
@@ -294,6 +296,19 @@ def _streamed_error(base_url: str, error: Any) -> VoiceAgentError:
     text = f"the LLM server at {base_url} failed mid-reply: {message} (code {code})"
     transient = (isinstance(code, int) and code >= 500) or code == LLMUnavailableError.code
     return LLMUnavailableError(text) if transient else EngineError(text)
+
+
+def _os_reason(exc: BaseException) -> str:
+    """The operating system's reason under a connect error ("Connection refused", "Name or service
+    not known"), which httpx's async client wraps as "All connection attempts failed"."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, OSError) and isinstance(cause.errno, int) and cause.errno > 0:
+            return os.strerror(cause.errno)
+        if isinstance(cause, OSError) and cause.strerror:  # e.g. a resolver error (negative errno)
+            return str(cause.strerror)
+        cause = cause.__cause__ or cause.__context__
+    return str(exc)
 
 
 def _error_message(body: bytes) -> str:

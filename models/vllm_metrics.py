@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from dataclasses import dataclass, field
 
 import httpx
@@ -110,7 +111,7 @@ class VllmMetricsPoller:
     - voice_agent_vllm_spec_decode_acceptance_rate, ..._mean_acceptance_length and
       ..._acceptance_rate_by_position{position}: over the interval between the last two scrapes
       that saw new drafts (the first scrape: since vLLM started). An idle interval keeps the last
-      values; a vLLM without speculative decoding leaves them unset.
+      values; they are NaN until vLLM has drafted (e.g. when it runs without speculative decoding).
 
     A bad scrape (refused, timeout, HTTP error, text that does not parse) is logged and sets up=0;
     it never stops the poller.
@@ -137,6 +138,8 @@ class VllmMetricsPoller:
             "voice_agent_vllm_spec_decode_acceptance_rate_by_position",
             "Share of vLLM drafts whose token at this position was accepted, over the last scrape interval",
             ["position"], registry=registry)
+        for gauge in (self.acceptance_rate, self.mean_acceptance_length):
+            gauge.set(math.nan)  # no data yet (a 0 would read as "nothing accepted")
 
     async def scrape_once(self, client: httpx.AsyncClient) -> bool:
         """One scrape; publishes what it finds. Returns whether it worked; never raises (cancellation
