@@ -85,15 +85,18 @@ def main() -> None:
     parser.add_argument("--draft", default="qwen2.5-0.5b-instruct")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--max-tokens", type=int, default=80)
+    parser.add_argument("--draft-quantize", default="int8", choices=["none", "int8"])
     parser.add_argument("--temperatures", default="0,0.8")
     parser.add_argument("--json", help="also write every run to this file")
+    parser.add_argument("--categories", default="question,confirmation,explanation")
     args = parser.parse_args()
 
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"torch {torch.__version__}; target {args.target}, draft {args.draft}, {args.dtype}")
+          f"torch {torch.__version__}; target {args.target} ({args.dtype}), draft {args.draft} "
+          f"({args.draft_quantize if args.draft_quantize != 'none' else args.dtype})")
     clock = MonotonicClock()
     target = TorchLM.load(resolve(args.target), dtype=args.dtype)
-    draft = TorchLM.load(resolve(args.draft), dtype=args.dtype)
+    draft = TorchLM.load(resolve(args.draft), dtype=args.dtype, quantize=args.draft_quantize)
     strategy = SpeculativeStrategy(target, clock, draft=draft)
     print("calibrated verify cost (ms) for 1..9 tokens:",
           [round(v * 1000) for v in strategy.costs["ngram"].verify],
@@ -102,6 +105,8 @@ def main() -> None:
     runs: list[Run] = []
     for temperature in (float(t) for t in args.temperatures.split(",")):
         for i, (category, system, question) in enumerate(CASES):
+            if category not in args.categories.split(","):
+                continue
             prompt = target.chat_tokens([{"role": "system", "content": system}, {"role": "user", "content": question}])
             for method in METHODS:
                 tokens, stats, tps = run_one(strategy, prompt, method, temperature, args.max_tokens, seed=i)

@@ -7,7 +7,7 @@ import logging
 
 from models.cache import resolve
 from models.config import LlmConfig
-from models.llm_embedded import EmbeddedLLM
+from models.llm_embedded import EmbeddedLLM, PlainStrategy
 from models.spec.decoder import SpeculativeStrategy
 from models.spec.memory import check_memory, footprint
 from models.torch_lm import TorchLM, choose_dtype
@@ -28,11 +28,16 @@ def load_embedded(config: LlmConfig, clock: Clock, *, sequences: int = 8) -> Emb
         total = check_memory([footprint(p, dtype) for p in local], context_tokens=config.max_context_tokens,
                              sequences=sequences, budget_gb=spec.memory_budget_gb)
         log.info("memory estimate %.2f GiB within the %.1f GiB budget", total / (1 << 30), spec.memory_budget_gb)
-    lm = TorchLM.load(target_path, dtype=config.dtype, threads=config.threads)
-    draft = TorchLM.load(draft_path, dtype=config.dtype) if draft_path else None
+    lm = TorchLM.load(target_path, dtype=config.dtype, threads=config.threads, quantize=config.quantize)
+    if lm.quantized:
+        log.warning("the target is int8-quantized: speculative decoding is off (its verification would not "
+                    "match plain decoding); set llm.quantize=none to use it")
+        return EmbeddedLLM(lm, clock, PlainStrategy(lm))
+    draft = TorchLM.load(draft_path, dtype=config.dtype, quantize=spec.draft_quantize) if draft_path else None
     fixed = None if spec.num_speculative_tokens == "auto" else int(spec.num_speculative_tokens)
     strategy = SpeculativeStrategy(lm, clock, method=spec.method, fixed_k=fixed, max_k=spec.max_speculative_tokens,
-                                   draft=draft, ngram_min=spec.ngram_min, ngram_max=spec.ngram_max)
+                                   draft=draft, ngram_min=spec.ngram_min, ngram_max=spec.ngram_max,
+                                   draft_copy_min=spec.draft_copy_min)
     return EmbeddedLLM(lm, clock, strategy)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,17 +68,22 @@ class TorchLM:
             if isinstance(tid, int) and tid != tokenizer.unk_token_id:
                 eos.add(tid)
         self.stop_ids = frozenset(t for t in eos if isinstance(t, int))
+        self.quantized = False
         # transformers renamed `past_key_values` to `cache`; use whichever this version takes.
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     @classmethod
-    def load(cls, path: str, *, dtype: str = "auto", threads: int = 0) -> TorchLM:
+    def load(cls, path: str, *, dtype: str = "auto", threads: int = 0, quantize: str = "none") -> TorchLM:
+        """quantize "int8": dynamic int8 linear layers (per-channel weights, activations quantized per
+        call). Decoding is ~2.5x faster on this CPU, but a pass over several tokens shares one
+        activation scale, so the numbers depend on how many tokens go through together: good for a
+        draft, not for a target that must verify exactly."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if threads > 0:
             torch.set_num_threads(threads)
-        torch_dtype = choose_dtype(dtype)
+        torch_dtype = torch.float32 if quantize == "int8" else choose_dtype(dtype)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
@@ -87,8 +93,15 @@ class TorchLM:
                 "`voice-agent models fetch`, or give a local folder or a Hugging Face id"
             ) from exc
         model.eval()
-        log.info("loaded %s in %s with %d threads", path, torch_dtype, torch.get_num_threads())
-        return cls(model, tokenizer, name=path)
+        if quantize == "int8":
+            model = _quantize_int8(model)
+        elif quantize != "none":
+            raise BackendUnavailableError(f"unknown quantization {quantize!r}; use none or int8")
+        log.info("loaded %s in %s%s with %d threads", path, torch_dtype, " (int8 linear layers)" if
+                 quantize == "int8" else "", torch.get_num_threads())
+        lm = cls(model, tokenizer, name=path)
+        lm.quantized = quantize == "int8"
+        return lm
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, name: str = "in-memory") -> TorchLM:
@@ -147,3 +160,15 @@ class TorchLM:
         common = min(common, len(prompt) - 1)
         self.truncate(state, common)
         return self.extend(state, prompt[common:])[-1], len(prompt) - common
+
+
+def _quantize_int8(model: Any) -> Any:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
+            from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+            return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+    except (ImportError, RuntimeError) as exc:
+        raise BackendUnavailableError(f"int8 quantization is not available in this torch ({exc}); "
+                                      "set the quantize setting to none") from exc

@@ -56,7 +56,8 @@ class SpeculativeDecoder(PlainDecoder):
         drafted = len(draft.tokens)
         if drafted == 0:
             return self._plain(pending)
-        self.costs.observe_draft(drafted, self.clock.now() - started)
+        if draft.source in ("", self.proposer.name):  # a copied draft says nothing of the model's cost
+            self.costs.observe_draft(drafted, self.clock.now() - started)
 
         base = len(self.state.tokens)
         started = self.clock.now()
@@ -114,7 +115,7 @@ class SpeculativeStrategy:
 
     def __init__(self, lm: TorchLM, clock: Clock, *, method: str = "ngram", fixed_k: int | None = None,
                  max_k: int = 8, draft: TorchLM | None = None, ngram_min: int = 1, ngram_max: int = 4,
-                 calibrate: bool = True) -> None:
+                 draft_copy_min: int = 3, calibrate: bool = True) -> None:
         if method not in METHODS:
             raise ConfigError(f"unknown speculative method {method!r}; use one of {METHODS}")
         if method == "draft_model" and draft is None:
@@ -124,6 +125,7 @@ class SpeculativeStrategy:
         self.lm, self.clock, self.method, self.fixed_k, self.max_k = lm, clock, method, fixed_k, max_k
         self.draft = draft
         self.ngram = (ngram_min, ngram_max)
+        self.draft_copy_min = draft_copy_min
         self.costs: dict[str, CostModel] = {m: CostModel(max_k) for m in METHODS if m != "off"}
         if calibrate:
             self.calibrate()
@@ -142,7 +144,7 @@ class SpeculativeStrategy:
             if self.draft is None:
                 raise ConfigError("draft_model speculation was asked for, but no draft model is loaded "
                                   "(set llm.speculative.draft_model and restart)")
-            return DraftModelProposer(self.draft)
+            return DraftModelProposer(self.draft, copy_min=self.draft_copy_min)
         raise ConfigError(f"unknown speculative method {method!r}; use one of {METHODS}")
 
     def make_controller(self, method: str) -> KController:

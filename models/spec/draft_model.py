@@ -1,6 +1,10 @@
 """Draft-model proposer: a small model of the target's family (the Qwen2.5 0.5B for the 1.5B)
 drafts K tokens autoregressively from its own KV cache, sampling with the same filters as the
-target so its q and the target's p are comparable."""
+target so its q and the target's p are comparable.
+
+When the conversation's last `copy_min` tokens already occurred earlier (the reply is repeating
+the caller's words), it copies what followed them instead (an n-gram draft, a point mass): such
+copies are accepted often and cost nothing, where the draft model would cost K forward passes."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import torch
 
 from models.protocols import SamplingParams
 from models.sampling import probabilities, sample
+from models.spec.ngram import lookup
 from models.spec.proposer import Draft
 from models.torch_lm import TorchLM
 from pipeline.errors import IncompatibleModelsError
@@ -37,13 +42,18 @@ def check_compatible(target: TorchLM, draft: TorchLM) -> None:
 class DraftModelProposer:
     name = "draft_model"
 
-    def __init__(self, draft: TorchLM) -> None:
+    def __init__(self, draft: TorchLM, copy_min: int = 3) -> None:
         self.lm = draft
         self.state = draft.new_state()
+        self.copy_min = copy_min
 
     def propose(self, context: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Draft:
         if k <= 0:
             return Draft([], None)
+        if self.copy_min:
+            copied = lookup(context[-4096:], k, self.copy_min, max(self.copy_min, 6))
+            if len(copied) >= min(k, 2):
+                return Draft(copied, None, source="ngram")
         # The draft cache rolls back to its longest common prefix with the context (exactly what
         # the target kept) and computes only the rest.
         logits, _ = self.lm.prefill(self.state, context)  # [V]
@@ -56,7 +66,7 @@ class DraftModelProposer:
             qs.append(q)
             if i < k - 1:
                 logits = self.lm.extend(self.state, [token])[-1]
-        return Draft(tokens, torch.stack(qs))  # q: [k, V]
+        return Draft(tokens, torch.stack(qs), source=self.name)  # q: [k, V]
 
     def reset(self) -> None:
         self.state = self.lm.new_state()

@@ -19,6 +19,7 @@ from models.protocols import SamplingParams
 class Draft:
     tokens: list[int]  # [k] drafted token ids, k <= the K asked for (may be 0)
     q: torch.Tensor | None  # [k, V] distributions they were drawn from; None: each is a point mass
+    source: str = ""  # what drafted them, when a proposer has more than one way
 
 
 class Proposer(Protocol):

