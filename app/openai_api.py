@@ -116,7 +116,8 @@ class StopMatcher:
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     runtime: Runtime = request.app.state.runtime
-    return {"object": "list", "data": [{"id": runtime.settings.llm.model, "object": "model", "owned_by": "voice-agent"}]}
+    model = {"id": runtime.settings.llm.model, "object": "model", "owned_by": "voice-agent"}
+    return {"object": "list", "data": [model]}
 
 
 @router.post("/v1/chat/completions", response_model=None)

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import uuid
+from collections.abc import MutableMapping
 from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -109,7 +110,7 @@ class Connection:
         finally:
             await self.stop_session()
 
-    async def handle(self, message: dict[str, Any]) -> bool:
+    async def handle(self, message: MutableMapping[str, Any]) -> bool:
         data = message.get("bytes")
         if data is not None:
             await self.handle_audio(data)
@@ -143,7 +144,8 @@ class Connection:
         if instructions is not None and len(instructions) > limit:
             await self.error("instructions_too_long", f"instructions are limited to {limit} characters")
             return
-        output_rate = (start.output_audio.sample_rate if start.output_audio else None) or runtime.backends.tts.sample_rate
+        asked = start.output_audio.sample_rate if start.output_audio else None
+        output_rate = asked or runtime.backends.tts.sample_rate
         self.resampler = StreamResampler(start.audio.sample_rate, runtime.backends.vad.sample_rate)
         self.session = Session(
             runtime.backends, runtime.pipeline_config(), runtime.clock, self.outbound,

@@ -150,9 +150,10 @@ def report(runs: list[Run], target: TorchLM) -> None:
     for r in runs:
         if r.temperature == 0 and r.method != "off" and r.tokens != plain[(r.case, 0.0)].tokens:
             p = plain[(r.case, 0.0)].tokens
-            at = next((i for i, (a, b) in enumerate(zip(p, r.tokens, strict=False)) if a != b), min(len(p), len(r.tokens)))
-            print(f"T=0 parting: {r.method} case #{r.case} at token {at}: plain {target.tokenizer.decode(p[at:at + 4])!r} "
-                  f"vs {target.tokenizer.decode(r.tokens[at:at + 4])!r}")
+            at = next((i for i, (a, b) in enumerate(zip(p, r.tokens, strict=False)) if a != b),
+                      min(len(p), len(r.tokens)))
+            ours, theirs = target.tokenizer.decode(p[at:at + 4]), target.tokenizer.decode(r.tokens[at:at + 4])
+            print(f"T=0 parting: {r.method} case #{r.case} at token {at}: plain {ours!r} vs {theirs!r}")
 
 
 if __name__ == "__main__":

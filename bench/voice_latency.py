@@ -25,10 +25,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.client import VoiceClient, read_wav  # noqa: E402
-from pipeline.turns import MARKS  # noqa: E402
-from tests.e2e.conftest import start_server, stop_server  # noqa: E402
-from tests.speech import espeak_wav  # noqa: E402
+from app.client import VoiceClient, read_wav
+from pipeline.turns import MARKS
+from tests.e2e.conftest import start_server, stop_server
+from tests.speech import espeak_wav
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -58,7 +58,7 @@ async def one_call(url: str, question: str, tmp: Path, rate: int) -> dict:
     await client.connect()
     start = time.monotonic()
     # the frame holding the last speech sample leaves at this frame's start time
-    true_end = start + (int(end_in_clip * 1000) // FRAME_MS) * FRAME_MS / 1000
+    true_end = start + int(end_in_clip * 1000) // FRAME_MS * FRAME_MS / 1000
     await client.stream(audio, FRAME_MS)
     trailing = asyncio.create_task(client.silence(20))
     done = await client.wait_for(lambda e: e["type"] == "response.done", 120)
@@ -80,7 +80,7 @@ async def one_call(url: str, question: str, tmp: Path, rate: int) -> dict:
 
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def run(url: str, repeat: int, rate: int) -> None:

@@ -16,7 +16,7 @@ from pipeline.errors import ModelFetchError
 def _dequantize_option() -> dict[str, object]:
     """Newer transformers keep GGUF weights packed unless told to unpack them; older ones always do."""
     try:
-        from transformers import GgufConfig  # type: ignore[attr-defined]
+        from transformers import GgufConfig
     except ImportError:
         return {}
     return {"quantization_config": GgufConfig(dequantize=True)}

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from typing import Any
 
 import numpy as np
 
@@ -43,14 +44,14 @@ async def asr_stage(
     worker: ModelWorker,
     config: AsrStageConfig,
     clock: Clock,
-) -> AsyncIterator[InputEvent]:
+) -> AsyncGenerator[InputEvent, None]:
     out: asyncio.Queue[object] = asyncio.Queue()
     tasks: set[asyncio.Task[None]] = set()
     finalized: set[int] = set()
     interval = int(recognizer.sample_rate * config.partial_interval_ms / 1000)
 
-    def spawn(coro: object) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         return task

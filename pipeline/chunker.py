@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
-from pipeline.config import ChunkerConfig
 from pipeline.clock import Clock
+from pipeline.config import ChunkerConfig
 from pipeline.events import Phrase, ReplyEvent, ReplyFinished, ReplyText
 
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]”’]*(?=\s)|\n+")
@@ -87,7 +87,7 @@ def speakable(text: str) -> str:
 
 async def chunk_stage(
     events: AsyncIterator[ReplyEvent], config: ChunkerConfig, clock: Clock
-) -> AsyncIterator[ReplyEvent]:
+) -> AsyncGenerator[ReplyEvent, None]:
     """ReplyText in (passed on), Phrase out as each phrase completes; flushes at ReplyFinished."""
     chunker = PhraseChunker(config)
     turn_id = 0

@@ -7,7 +7,7 @@ it on a real VAD, keeps the turn's audio, and yields SpeechStarted / SpeechAudio
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,7 +98,7 @@ async def vad_stage(
     clock: Clock,
     sample_rate: int = 16000,
     window_samples: int = 512,
-) -> AsyncIterator[SpeechEvent]:
+) -> AsyncGenerator[SpeechEvent, None]:
     """Audio frames in; the caller's turns out, as start, audio chunks, stop."""
     window_ms = 1000.0 * window_samples / sample_rate
     endpointer = Endpointer(config, window_ms)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from models.protocols import Conversation, GenerationDone, SamplingParams, TextDelta
 from pipeline.clock import Clock
@@ -18,7 +18,7 @@ async def llm_stage(
     conversation: Conversation,
     params: SamplingParams,
     clock: Clock,
-) -> AsyncIterator[ReplyEvent]:
+) -> AsyncGenerator[ReplyEvent, None]:
     async for request in requests:
         produced = False
         try:

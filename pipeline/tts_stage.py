@@ -3,7 +3,7 @@ the session's output rate. Other events pass through in order."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 
 import numpy as np
 
@@ -26,7 +26,7 @@ async def tts_stage(
     worker: ModelWorker,
     output_rate: int,
     clock: Clock,
-) -> AsyncIterator[ReplyEvent]:
+) -> AsyncGenerator[ReplyEvent, None]:
     async for event in events:
         if not isinstance(event, Phrase):
             yield event

@@ -35,7 +35,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(tmp: Path, env: dict[str, str] | None = None, timeout: float = 180.0) -> tuple[Server, subprocess.Popen[bytes]]:
+def start_server(
+    tmp: Path, env: dict[str, str] | None = None, timeout: float = 480.0
+) -> tuple[Server, subprocess.Popen[bytes]]:
     port = _free_port()
     log_path = tmp / f"server-{port}.log"
     full_env = {

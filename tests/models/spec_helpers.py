@@ -9,7 +9,8 @@ from models.torch_lm import LMState, TorchLM
 
 
 def generate(strategy: SpeculativeStrategy, prompt: list[int], params: SamplingParams,
-             session: SpecSession | None = None, state: LMState | None = None) -> tuple[list[int], GenerationStats, LMState]:
+             session: SpecSession | None = None,
+             state: LMState | None = None) -> tuple[list[int], GenerationStats, LMState]:
     session = session or strategy.new_session()
     state = state or strategy.lm.new_state()
     stats = GenerationStats()

