@@ -15,7 +15,6 @@ from app.settings import Settings
 from models import registry
 from models.vllm_metrics import VllmMetricsPoller
 from pipeline.clock import Clock
-from pipeline.config import DEFAULT_SYSTEM_PROMPT
 from pipeline.errors import VoiceAgentError
 from pipeline.events import ResponseDone
 from pipeline.session import Backends, PipelineConfig
@@ -122,12 +121,13 @@ def load_backends(settings: Settings, clock: Clock, say: object = print) -> Back
     tts = registry.load_tts(settings.tts)
     for _ in tts.synthesize("Hello there."):
         pass
-    report(f"loading LLM ({settings.llm.engine}, {settings.llm.model})")
-    llm = registry.load_llm(settings.llm, clock, sequences=settings.server.max_sessions)
+    llm_cfg = settings.llm
+    remote = f"{llm_cfg.remote_model or 'the served model'} at {llm_cfg.base_url}"
+    where = llm_cfg.model if llm_cfg.engine == "embedded" else remote
+    report(f"loading LLM ({llm_cfg.engine}, {where})")
+    llm = registry.load_llm(llm_cfg, clock, sequences=settings.server.max_sessions)
     warm_up = getattr(llm, "warm_up", None)
     if callable(warm_up):
         warm_up()
     return Backends(vad=vad, asr=asr, tts=tts, llm=llm)
 
-
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "Runtime", "load_backends"]

@@ -112,13 +112,17 @@ def main() -> None:
     parser.add_argument("--url", help="a running service's /ws URL (default: start one)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--rate", type=int, default=16000)
+    parser.add_argument("--set", action="append", default=[], metavar="VOICE_AGENT_X=Y",
+                        help="a setting for the server this script starts (repeatable)")
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores")
     if args.url:
         asyncio.run(run(args.url, args.repeat, args.rate))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        server, proc = start_server(Path(tmp), env={"VOICE_AGENT_LLM__TEMPERATURE": "0.7"})
+        env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **dict(s.split("=", 1) for s in args.set)}
+        print("server settings:", env)
+        server, proc = start_server(Path(tmp), env=env)
         try:
             asyncio.run(run(server.ws_url, args.repeat, args.rate))
         finally:
