@@ -86,16 +86,18 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--max-tokens", type=int, default=80)
     parser.add_argument("--draft-quantize", default="int8", choices=["none", "int8"])
+    parser.add_argument("--quantize", default="none", choices=["none", "int8"], help="the target's quantization")
     parser.add_argument("--temperatures", default="0,0.8")
     parser.add_argument("--json", help="also write every run to this file")
     parser.add_argument("--categories", default="question,confirmation,explanation")
     args = parser.parse_args()
 
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"torch {torch.__version__}; target {args.target} ({args.dtype}), draft {args.draft} "
+          f"torch {torch.__version__}; target {args.target} ({args.quantize if args.quantize != 'none' else args.dtype}), "
+          f"draft {args.draft} "
           f"({args.draft_quantize if args.draft_quantize != 'none' else args.dtype})")
     clock = MonotonicClock()
-    target = TorchLM.load(resolve(args.target), dtype=args.dtype)
+    target = TorchLM.load(resolve(args.target), dtype=args.dtype, quantize=args.quantize)
     draft = TorchLM.load(resolve(args.draft), dtype=args.dtype, quantize=args.draft_quantize)
     strategy = SpeculativeStrategy(target, clock, draft=draft)
     print("calibrated verify cost (ms) for 1..9 tokens:",

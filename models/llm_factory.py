@@ -7,7 +7,7 @@ import logging
 
 from models.cache import resolve
 from models.config import LlmConfig
-from models.llm_embedded import EmbeddedLLM, PlainStrategy
+from models.llm_embedded import EmbeddedLLM
 from models.spec.decoder import SpeculativeStrategy
 from models.spec.memory import check_memory, footprint
 from models.torch_lm import TorchLM, choose_dtype
@@ -21,7 +21,8 @@ def load_embedded(config: LlmConfig, clock: Clock, *, sequences: int = 8) -> Emb
     spec = config.speculative
     target_path = resolve(config.model)
     draft_path = resolve(spec.draft_model) if spec.method == "draft_model" else None
-    dtype = str(choose_dtype(config.dtype)).removeprefix("torch.")
+    # int8 models keep float32 embeddings, norms and KV caches: estimating them as float32 errs safe
+    dtype = "float32" if config.quantize == "int8" else str(choose_dtype(config.dtype)).removeprefix("torch.")
     paths = [p for p in (target_path, draft_path) if p is not None]
     local = [p for p in paths if _is_local(p)]
     if local:
@@ -29,10 +30,6 @@ def load_embedded(config: LlmConfig, clock: Clock, *, sequences: int = 8) -> Emb
                              sequences=sequences, budget_gb=spec.memory_budget_gb)
         log.info("memory estimate %.2f GiB within the %.1f GiB budget", total / (1 << 30), spec.memory_budget_gb)
     lm = TorchLM.load(target_path, dtype=config.dtype, threads=config.threads, quantize=config.quantize)
-    if lm.quantized:
-        log.warning("the target is int8-quantized: speculative decoding is off (its verification would not "
-                    "match plain decoding); set llm.quantize=none to use it")
-        return EmbeddedLLM(lm, clock, PlainStrategy(lm))
     draft = TorchLM.load(draft_path, dtype=config.dtype, quantize=spec.draft_quantize) if draft_path else None
     fixed = None if spec.num_speculative_tokens == "auto" else int(spec.num_speculative_tokens)
     strategy = SpeculativeStrategy(lm, clock, method=spec.method, fixed_k=fixed, max_k=spec.max_speculative_tokens,

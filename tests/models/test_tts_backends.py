@@ -19,10 +19,12 @@ from tests.speech import words
 @pytest.mark.slow
 def test_espeak_backend_speaks_the_text() -> None:
     tts = registry.load_tts(TtsConfig(engine="espeak-ng"))
-    audio = np.concatenate(list(tts.synthesize("Your table for two is booked at eight.")))
+    text = "The capital of France is Paris, and the weather there is mild in spring."
+    audio = np.concatenate(list(tts.synthesize(text)))
     assert len(audio) / tts.sample_rate > 1.0
-    heard = FasterWhisperRecognizer(AsrConfig()).transcribe(resample(audio, tts.sample_rate, 16000))
-    assert {"table", "two", "booked"} <= set(words(heard)), heard
+    heard = set(words(FasterWhisperRecognizer(AsrConfig()).transcribe(resample(audio, tts.sample_rate, 16000))))
+    said = set(words(text))
+    assert len(heard & said) / len(said) >= 0.7, heard
 
 
 def _coqui_importable() -> bool:

@@ -1,0 +1,38 @@
+"""Int8 linear layers give each token the same result alone or in a batch, so speculation on an
+int8 target still equals plain decoding token for token."""
+
+from __future__ import annotations
+
+import torch
+
+from models.int8 import Int8Linear, quantize_linears
+from models.spec.decoder import SpeculativeStrategy
+from pipeline.clock import MonotonicClock
+from tests.models.spec_helpers import generate, params, prompt_of
+from tests.models.tiny import tiny_lm
+
+
+def test_rows_are_computed_the_same_alone_or_together() -> None:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 160)
+    q = Int8Linear(linear)
+    x = torch.randn(9, 96) * 3
+    together = q(x)
+    alone = torch.cat([q(x[i:i + 1]) for i in range(9)])
+    assert torch.equal(together, alone)
+    error = (together - linear(x)).norm() / linear(x).norm()
+    assert error < 0.03, error
+
+
+def test_greedy_speculation_on_an_int8_target_equals_plain_decoding() -> None:
+    target = tiny_lm(0, scale=6.0, name="target")
+    quantize_linears(target.model)
+    draft = tiny_lm(1, scale=6.0, layers=1, name="draft")
+    quantize_linears(draft.model)
+    strategy = SpeculativeStrategy(target, MonotonicClock(), draft=draft, calibrate=False)
+    for text in ("w1 w2 w3 w4", "w5 w9 w5 w9 w5 w9", "w20"):
+        prompt = prompt_of(target, text)
+        plain, _, _ = generate(strategy, prompt, params("off", max_tokens=40))
+        for method in ("ngram", "draft_model"):
+            fast, _, _ = generate(strategy, prompt, params(method, k=4, max_tokens=40))
+            assert fast == plain, (method, text)
