@@ -92,10 +92,10 @@ def main() -> None:
     parser.add_argument("--categories", default="question,confirmation,explanation")
     args = parser.parse_args()
 
+    target_kind = args.quantize if args.quantize != "none" else args.dtype
+    draft_kind = args.draft_quantize if args.draft_quantize != "none" else args.dtype
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"torch {torch.__version__}; target {args.target} ({args.quantize if args.quantize != 'none' else args.dtype}), "
-          f"draft {args.draft} "
-          f"({args.draft_quantize if args.draft_quantize != 'none' else args.dtype})")
+          f"torch {torch.__version__}; target {args.target} ({target_kind}), draft {args.draft} ({draft_kind})")
     clock = MonotonicClock()
     target = TorchLM.load(resolve(args.target), dtype=args.dtype, quantize=args.quantize)
     draft = TorchLM.load(resolve(args.draft), dtype=args.dtype, quantize=args.draft_quantize)
