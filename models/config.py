@@ -70,8 +70,10 @@ class LlmConfig(BaseModel):
     base_url: str = "http://localhost:8000/v1"
     api_key: str = ""
     remote_model: str = Field("", description="model name the remote server serves (empty: ask /models)")
-    connect_timeout_s: float = Field(2.0, gt=0)
-    read_timeout_s: float = Field(10.0, gt=0, description="longest silence between streamed tokens")
+    connect_timeout_s: float = Field(1.0, gt=0)
+    read_timeout_s: float = Field(
+        1.5, gt=0, description="longest silence before the first token or between tokens: a caller is waiting, "
+        "so a stalled server is given up on quickly and the caller hears an apology")
     retries_before_first_token: int = Field(
         default=1, ge=0, le=5, description="retries of a request that failed before any text arrived (never after)")
     vllm_metrics_url: str = Field(

@@ -92,9 +92,10 @@ class TorchLM:
             ) from exc
         model.eval()
         if quantize == "int8":
-            from models.int8 import quantize_linears
+            from models.int8 import quantize_linears, use_rowwise_attention
 
             quantize_linears(model)
+            use_rowwise_attention(model)
         elif quantize != "none":
             raise BackendUnavailableError(f"unknown quantization {quantize!r}; use none or int8")
         log.info("loaded %s in %s%s with %d threads", path, torch_dtype, " (int8 linear layers)" if

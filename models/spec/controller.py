@@ -79,8 +79,8 @@ class KController:
         prior_rejected: float = 2.0,
         decay: float = 0.9,
         margin: float = 0.05,
-        probe_after: int = 8,
-        max_probe_after: int = 128,
+        probe_after: int = 16,
+        max_probe_after: int = 256,
     ) -> None:
         self.costs = costs
         self.max_k = max_k

@@ -148,8 +148,9 @@ class SpeculativeStrategy:
         raise ConfigError(f"unknown speculative method {method!r}; use one of {METHODS}")
 
     def make_controller(self, method: str) -> KController:
-        # n-gram drafts cost nothing, so start hopeful; a draft model starts from a neutral prior
-        prior = (4.0, 1.0) if method == "ngram" else (3.0, 2.0)
+        # n-gram drafts cost nothing to make, so start hopeful; a draft model starts neutral. Two
+        # pseudo-counts only: a few real verdicts outweigh the prior.
+        prior = (1.6, 0.4) if method == "ngram" else (1.2, 0.8)
         return KController(self.costs[method], max_k=self.max_k, prior_accepted=prior[0], prior_rejected=prior[1])
 
     @torch.inference_mode()

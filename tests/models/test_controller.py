@@ -68,7 +68,7 @@ def test_cap_fixed_k_and_the_remaining_budget_are_respected() -> None:
 
 
 def test_plain_streaks_probe_with_backoff() -> None:
-    controller = KController(costs(FLAT, 0.1), probe_after=4)
+    controller = KController(costs(FLAT, 0.1), probe_after=4, max_probe_after=128)
     for _ in range(30):
         controller.observe(drafted=4, accepted=0)
     chosen = [controller.choose(100) for _ in range(40)]

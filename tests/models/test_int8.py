@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from models.int8 import Int8Linear, quantize_linears
+from models.int8 import Int8Linear, quantize_linears, use_rowwise_attention
 from models.spec.decoder import SpeculativeStrategy
 from pipeline.clock import MonotonicClock
 from tests.models.spec_helpers import generate, params, prompt_of
@@ -27,6 +27,7 @@ def test_rows_are_computed_the_same_alone_or_together() -> None:
 def test_greedy_speculation_on_an_int8_target_equals_plain_decoding() -> None:
     target = tiny_lm(0, scale=6.0, name="target")
     quantize_linears(target.model)
+    use_rowwise_attention(target.model)
     draft = tiny_lm(1, scale=6.0, layers=1, name="draft")
     quantize_linears(draft.model)
     strategy = SpeculativeStrategy(target, MonotonicClock(), draft=draft, calibrate=False)
@@ -36,3 +37,15 @@ def test_greedy_speculation_on_an_int8_target_equals_plain_decoding() -> None:
         for method in ("ngram", "draft_model"):
             fast, _, _ = generate(strategy, prompt, params(method, k=4, max_tokens=40))
             assert fast == plain, (method, text)
+
+
+def test_rowwise_attention_matches_one_token_steps_exactly() -> None:
+    lm = tiny_lm(2, scale=3.0)
+    quantize_linears(lm.model)
+    use_rowwise_attention(lm.model)
+    tokens = [7, 8, 9, 10, 11, 12, 13]
+    together = lm.new_state()
+    batched = lm.extend(together, tokens, keep_logits=len(tokens))  # [7, V]
+    alone = lm.new_state()
+    stepped = torch.cat([lm.extend(alone, [t]) for t in tokens])  # [7, V]
+    assert torch.equal(batched, stepped)

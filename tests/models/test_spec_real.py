@@ -1,6 +1,7 @@
 """Speculative decoding on the real Qwen2.5 pair (1.5B target, 0.5B draft from the model packs).
 
-In float32, greedy speculation reproduces plain decoding token for token. In bfloat16 the target's
+With int8 layers (the default: per-token activations, exact int32 products, row-wise attention)
+and in float32, greedy speculation reproduces plain decoding token for token. In bfloat16 the target's
 forward pass over several tokens rounds differently from one token at a time, so greedy outputs
 may part where the target's top two logits are within bfloat16's rounding: the test checks that
 every such parting is at a near-tie, i.e. a numeric effect, never an algorithmic one.
@@ -30,10 +31,15 @@ QUESTIONS = [
 ]
 
 
-def pair(dtype: str) -> Iterator[SpeculativeStrategy]:
-    target = TorchLM.load(resolve("qwen2.5-1.5b-instruct"), dtype=dtype)
-    draft = TorchLM.load(resolve("qwen2.5-0.5b-instruct"), dtype=dtype)
+def pair(dtype: str, quantize: str = "none") -> Iterator[SpeculativeStrategy]:
+    target = TorchLM.load(resolve("qwen2.5-1.5b-instruct"), dtype=dtype, quantize=quantize)
+    draft = TorchLM.load(resolve("qwen2.5-0.5b-instruct"), dtype=dtype, quantize="int8")
     yield SpeculativeStrategy(target, MonotonicClock(), draft=draft, calibrate=False)
+
+
+@pytest.fixture(scope="module")
+def int8_pair() -> Iterator[SpeculativeStrategy]:
+    yield from pair("float32", "int8")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +54,16 @@ def bf16_pair() -> Iterator[SpeculativeStrategy]:
 
 def chat(lm: TorchLM, question: str) -> list[int]:
     return lm.chat_tokens([{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_int8_greedy_speculation_equals_plain(int8_pair: SpeculativeStrategy, method: str) -> None:
+    for question in QUESTIONS:
+        prompt = chat(int8_pair.lm, question)
+        plain, _, _ = generate(int8_pair, prompt, params("off", max_tokens=40))
+        fast, stats, _ = generate(int8_pair, prompt, params(method, k=4, max_tokens=40))
+        assert fast == plain, (method, int8_pair.lm.tokenizer.decode(plain), int8_pair.lm.tokenizer.decode(fast))
+        assert stats.drafts > 0
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
