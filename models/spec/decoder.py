@@ -148,10 +148,9 @@ class SpeculativeStrategy:
         raise ConfigError(f"unknown speculative method {method!r}; use one of {METHODS}")
 
     def make_controller(self, method: str) -> KController:
-        # n-gram drafts cost nothing to make, so start hopeful; a draft model starts neutral. Two
-        # pseudo-counts only: a few real verdicts outweigh the prior.
-        prior = (1.6, 0.4) if method == "ngram" else (1.2, 0.8)
-        return KController(self.costs[method], max_k=self.max_k, prior_accepted=prior[0], prior_rejected=prior[1])
+        # A neutral prior of two pseudo-counts: where verifying is nearly free (bfloat16) it already
+        # pays to draft, where it is not (int8) drafting waits for probes to show high acceptance.
+        return KController(self.costs[method], max_k=self.max_k, prior_accepted=1.0, prior_rejected=1.0)
 
     @torch.inference_mode()
     def calibrate(self, context: int = 64) -> None:
