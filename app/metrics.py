@@ -12,7 +12,7 @@ from models.protocols import GenerationStats
 from pipeline.events import ResponseDone
 from pipeline.turns import MARKS
 
-LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 STAGES = tuple(m for m in MARKS if m != "speech_end")
 
 
