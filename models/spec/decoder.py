@@ -22,7 +22,7 @@ import torch
 
 from models.generation import Decoder, PlainDecoder
 from models.protocols import GenerationStats, SamplingParams
-from models.sampling import make_generator, probabilities
+from models.sampling import probabilities
 from models.spec.controller import CostModel, KController
 from models.spec.draft_model import DraftModelProposer, check_compatible
 from models.spec.ngram import NgramProposer
@@ -42,7 +42,6 @@ class SpeculativeDecoder(PlainDecoder):
         super().__init__(lm, state, params, stats)
         self.method = proposer.name
         self.proposer, self.controller, self.costs, self.clock = proposer, controller, costs, clock
-        self.rng = make_generator(params.seed)
         if len(stats.accepted_per_position) < controller.max_k:
             stats.accepted_per_position.extend([0] * (controller.max_k - len(stats.accepted_per_position)))
 
