@@ -74,7 +74,7 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # shut down after the e2e tests, before the model tests load theirs
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv, proc = start_server(tmp_path_factory.mktemp("server"))
     yield srv

@@ -37,17 +37,18 @@ def pair(dtype: str, quantize: str = "none") -> Iterator[SpeculativeStrategy]:
     yield SpeculativeStrategy(target, MonotonicClock(), draft=draft, calibrate=False)
 
 
-@pytest.fixture(scope="module")
+# Function-scoped pairs, one test each: three 1.5B/0.5B pairs alive at once would not fit in memory.
+@pytest.fixture
 def int8_pair() -> Iterator[SpeculativeStrategy]:
     yield from pair("float32", "int8")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def fp32_pair() -> Iterator[SpeculativeStrategy]:
     yield from pair("float32")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def bf16_pair() -> Iterator[SpeculativeStrategy]:
     yield from pair("bfloat16")
 
@@ -56,24 +57,23 @@ def chat(lm: TorchLM, question: str) -> list[int]:
     return lm.chat_tokens([{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_int8_greedy_speculation_equals_plain(int8_pair: SpeculativeStrategy, method: str) -> None:
-    for question in QUESTIONS:
-        prompt = chat(int8_pair.lm, question)
-        plain, _, _ = generate(int8_pair, prompt, params("off", max_tokens=40))
-        fast, stats, _ = generate(int8_pair, prompt, params(method, k=4, max_tokens=40))
-        assert fast == plain, (method, int8_pair.lm.tokenizer.decode(plain), int8_pair.lm.tokenizer.decode(fast))
-        assert stats.drafts > 0
+def assert_equal_to_plain(strategy: SpeculativeStrategy, questions: list[str], max_tokens: int) -> None:
+    for question in questions:
+        prompt = chat(strategy.lm, question)
+        plain, _, _ = generate(strategy, prompt, params("off", max_tokens=max_tokens))
+        for method in ("ngram", "draft_model"):
+            fast, stats, _ = generate(strategy, prompt, params(method, k=4, max_tokens=max_tokens))
+            decode = strategy.lm.tokenizer.decode
+            assert fast == plain, (method, decode(plain), decode(fast))
+            assert stats.drafts > 0
 
 
-@pytest.mark.parametrize("method", ["ngram", "draft_model"])
-def test_float32_greedy_speculation_equals_plain(fp32_pair: SpeculativeStrategy, method: str) -> None:
-    for question in QUESTIONS[:2]:
-        prompt = chat(fp32_pair.lm, question)
-        plain, _, _ = generate(fp32_pair, prompt, params("off", max_tokens=32))
-        fast, stats, _ = generate(fp32_pair, prompt, params(method, k=4, max_tokens=32))
-        assert fast == plain, (method, fp32_pair.lm.tokenizer.decode(plain), fp32_pair.lm.tokenizer.decode(fast))
-        assert stats.drafts > 0
+def test_int8_greedy_speculation_equals_plain(int8_pair: SpeculativeStrategy) -> None:
+    assert_equal_to_plain(int8_pair, QUESTIONS, 40)
+
+
+def test_float32_greedy_speculation_equals_plain(fp32_pair: SpeculativeStrategy) -> None:
+    assert_equal_to_plain(fp32_pair, QUESTIONS[:2], 32)
 
 
 def test_bfloat16_partings_from_plain_are_only_at_near_ties(bf16_pair: SpeculativeStrategy) -> None:
