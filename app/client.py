@@ -34,14 +34,6 @@ def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
         return data.copy(), wav.getframerate()
 
 
-def write_wav(path: str | Path, pcm16: bytes, rate: int) -> None:
-    with wave.open(str(path), "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(rate)
-        wav.writeframes(pcm16)
-
-
 @dataclass
 class VoiceClient:
     url: str

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -29,11 +28,6 @@ def pack_dir(pack: Pack, root: Path | None = None) -> Path:
 def is_ready(pack: Pack, root: Path | None = None) -> bool:
     """A pack is ready once its manifest is written, which happens last, after verification."""
     return (pack_dir(pack, root) / MANIFEST).is_file()
-
-
-def read_manifest(pack: Pack, root: Path | None = None) -> dict[str, object]:
-    data: dict[str, object] = json.loads((pack_dir(pack, root) / MANIFEST).read_text())
-    return data
 
 
 def loadable_dir(pack: Pack, root: Path | None = None) -> Path:

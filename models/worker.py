@@ -22,8 +22,5 @@ class ModelWorker:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
-    def submit(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> concurrent.futures.Future[T]:
-        return self._pool.submit(fn, *args, **kwargs)
-
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -67,6 +67,3 @@ class DraftModelProposer:
             if i < k - 1:
                 logits = self.lm.extend(self.state, [token])[-1]
         return Draft(tokens, torch.stack(qs), source=self.name)  # q: [k, V]
-
-    def reset(self) -> None:
-        self.state = self.lm.new_state()

@@ -22,9 +22,6 @@ class NgramProposer:
     def propose(self, context: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Draft:
         return Draft(lookup(context[-self.window:], k, self.min_n, self.max_n), None)
 
-    def reset(self) -> None:
-        return None
-
 
 def lookup(context: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Up to k tokens that followed the most recent earlier match of the longest suffix n-gram."""

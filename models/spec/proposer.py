@@ -29,7 +29,3 @@ class Proposer(Protocol):
         """Draft up to k tokens to follow `context` (every token so far, including the last
         produced one). Blocking; runs on the model's worker thread."""
         ...
-
-    def reset(self) -> None:
-        """Forget per-sequence state (a new conversation)."""
-        ...

@@ -6,6 +6,7 @@ are repeatable. Models come from the cache (`voice-agent models fetch`, done by 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -17,6 +18,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from app.client import VoiceClient
+from tests.speech import speech_samples
 
 
 @dataclass
@@ -79,3 +83,20 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv, proc = start_server(tmp_path_factory.mktemp("server"))
     yield srv
     stop_server(proc)
+
+
+async def ask_once(server: Server, question: str, tmp: Path, rate: int = 16000, lead_s: float = 0.0) -> VoiceClient:
+    """A fresh call: speak `question` in real time (then silence) and return, still connected, once
+    its response.done has arrived."""
+    client = VoiceClient(server.ws_url, rate)
+    started = await client.connect()
+    assert started["type"] == "session.started", started
+    if lead_s:
+        await client.silence(lead_s)
+    await client.stream(speech_samples(question, tmp, rate))
+    trailing = asyncio.create_task(client.silence(15))
+    try:
+        await client.wait_for(lambda e: e["type"] == "response.done", 90)
+    finally:
+        trailing.cancel()
+    return client

@@ -9,19 +9,15 @@ from pathlib import Path
 import pytest
 
 from app.client import VoiceClient
-from tests.e2e.conftest import Server
-from tests.speech import speech_samples, words
+from tests.e2e.conftest import Server, ask_once
+from tests.speech import words
 
 pytestmark = pytest.mark.slow
 
 
 async def healthy_call(server: Server, tmp: Path) -> dict:
-    client = VoiceClient(server.ws_url, 16000)
-    await client.connect()
-    await client.stream(speech_samples("How many days are there in a week?", tmp))
-    trailing = asyncio.create_task(client.silence(15))
-    done = await client.wait_for(lambda e: e["type"] == "response.done", 90)
-    trailing.cancel()
+    client = await ask_once(server, "How many days are there in a week?", tmp)
+    done = client.events("response.done")[0]
     await client.close()
     return done
 

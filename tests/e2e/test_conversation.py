@@ -14,7 +14,7 @@ from models.asr_faster_whisper import FasterWhisperRecognizer
 from models.config import AsrConfig
 from pipeline.audio import resample
 from pipeline.turns import MARKS
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import Server, ask_once
 from tests.speech import speech_samples, words
 
 pytestmark = pytest.mark.slow
@@ -26,16 +26,9 @@ def recognizer() -> FasterWhisperRecognizer:
 
 
 async def ask(server: Server, question: str, tmp: Path, rate: int) -> tuple[VoiceClient, dict, dict, bytes]:
-    client = VoiceClient(server.ws_url, rate)
-    started = await client.connect()
-    assert started["type"] == "session.started", started
-    samples = speech_samples(question, tmp, rate)
-    await client.silence(0.4)
-    await client.stream(samples)
-    trailing = asyncio.create_task(client.silence(10))
-    final = await client.wait_for(lambda e: e["type"] == "transcript.final", 30)
-    done = await client.wait_for(lambda e: e["type"] == "response.done", 90)
-    trailing.cancel()
+    client = await ask_once(server, question, tmp, rate, lead_s=0.4)
+    final = client.events("transcript.final")[0]
+    done = client.events("response.done")[0]
     audio = client.audio_between(0)
     await client.close()
     return client, final, done, audio

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.client import VoiceClient
-from tests.e2e.conftest import start_server, stop_server
-from tests.speech import speech_samples
+from tests.e2e.conftest import ask_once, start_server, stop_server
 
 pytestmark = pytest.mark.slow
 
@@ -27,12 +24,8 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 async def test_metrics_after_one_turn(tmp_path: Path) -> None:
     server, proc = start_server(tmp_path)
     try:
-        client = VoiceClient(server.ws_url, 16000)
-        await client.connect()
-        await client.stream(speech_samples("What is the capital of France?", tmp_path))
-        trailing = asyncio.create_task(client.silence(15))
-        done = await client.wait_for(lambda e: e["type"] == "response.done", 90)
-        trailing.cancel()
+        client = await ask_once(server, "What is the capital of France?", tmp_path)
+        done = client.events("response.done")[0]
         metrics = samples(httpx.get(server.base_url + "/metrics", timeout=10).text)
         await client.close()
     finally:

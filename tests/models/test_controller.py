@@ -88,9 +88,6 @@ class SlowProposer:
         self.clock.advance(5.0)
         return self.inner.propose(context, k, params, rng)
 
-    def reset(self) -> None:
-        self.inner.reset()
-
 
 class RandomProposer:
     """A fake proposer of random tokens: costs nothing, never right."""
@@ -102,9 +99,6 @@ class RandomProposer:
 
     def propose(self, context: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Draft:
         return Draft(torch.randint(10, 60, (k,), generator=self.gen).tolist(), None)
-
-    def reset(self) -> None:
-        return None
 
 
 def _strategy(clock: FakeClock) -> Iterator[SpeculativeStrategy]:
