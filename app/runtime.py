@@ -128,6 +128,6 @@ def load_backends(settings: Settings, clock: Clock, say: object = print) -> Back
     llm = registry.load_llm(llm_cfg, clock, sequences=settings.server.max_sessions)
     warm_up = getattr(llm, "warm_up", None)
     if callable(warm_up):
-        warm_up()
+        warm_up(settings.session.system_prompt)
     return Backends(vad=vad, asr=asr, tts=tts, llm=llm)
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from models.cache import resolve
 from models.config import AsrConfig
+from models.cpu import cores
 from models.protocols import Audio
 from pipeline.errors import BackendUnavailableError, EngineError, ModelMissingError
 
@@ -29,7 +30,8 @@ class FasterWhisperRecognizer:
         if device == "cuda" and compute_type == "int8":
             compute_type = "float16"
         try:
-            self._model = WhisperModel(path, device=device, compute_type=compute_type, cpu_threads=config.threads)
+            self._model = WhisperModel(path, device=device, compute_type=compute_type,
+                                       cpu_threads=config.threads or cores())
         except (RuntimeError, ValueError, OSError) as exc:
             if "not found" in str(exc).lower() or isinstance(exc, OSError):
                 raise ModelMissingError(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from models.packs import PACKS, Pack
@@ -26,14 +27,51 @@ def pack_dir(pack: Pack, root: Path | None = None) -> Path:
 
 
 def is_ready(pack: Pack, root: Path | None = None) -> bool:
-    """A pack is ready once its manifest is written, which happens last, after verification."""
-    return (pack_dir(pack, root) / MANIFEST).is_file()
+    """A pack is ready once its manifest is written, which happens last, after verification, and
+    its files are there (a pack fetched by an older version kept only a converted copy)."""
+    folder = pack_dir(pack, root)
+    return (folder / MANIFEST).is_file() and all((folder / f.name).is_file() for f in pack.files)
 
 
 def loadable_dir(pack: Pack, root: Path | None = None) -> Path:
-    """The folder an engine loads: the converted model for GGUF packs, else the pack folder."""
-    base = pack_dir(pack, root)
-    return base / "hf" if pack.convert == "gguf" else base
+    """The folder an engine loads: the pack folder (a GGUF pack's file is in it as model.gguf)."""
+    return pack_dir(pack, root)
+
+
+def converted_dir(pack: Pack, root: Path | None = None) -> Path:
+    """Where a GGUF pack's one-time conversion for the PyTorch runtime is kept."""
+    return pack_dir(pack, root) / "hf"
+
+
+def resolve_gguf(ref: str, root: Path | None = None) -> str:
+    """A GGUF file for the llama.cpp runtime: a pack's model.gguf, a .gguf file, or the single .gguf
+    in a folder. Hugging Face ids need the torch runtime."""
+    path = Path(resolve(ref, root))
+    if path.is_dir():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) != 1:
+            raise ModelMissingError(f"{ref!r}: expected one .gguf file in {path}, found {len(found)}; "
+                                    "name the file, or use llm.runtime = \"torch\" for a Hugging Face folder")
+        return str(found[0])
+    if path.is_file():
+        return str(path)
+    raise ModelMissingError(f"{ref!r} is neither a model pack nor a local GGUF file; the llama.cpp runtime loads "
+                            "GGUF files (use llm.runtime = \"torch\" for Hugging Face ids)")
+
+
+def resolve_torch(ref: str, root: Path | None = None, say: Callable[[str], None] = print) -> str:
+    """A folder or hub id for the PyTorch runtime; a GGUF pack is converted once to safetensors
+    (kept beside the pack) the first time it is asked for."""
+    pack = PACKS.get(ref.removeprefix("pack:"))
+    path = resolve(ref, root)
+    if pack is None or pack.convert != "gguf":
+        return path
+    out = converted_dir(pack, root)
+    if not (out / "config.json").is_file():
+        from models.convert import convert_pack
+
+        convert_pack(pack_dir(pack, root) / "model.gguf", out, say=say)
+    return str(out)
 
 
 def resolve(ref: str, root: Path | None = None) -> str:

@@ -17,7 +17,7 @@ class AsrConfig(BaseModel):
     model: str = Field("whisper-tiny.en", description="pack name, local folder, or Hugging Face id")
     device: Literal["cpu", "cuda", "auto"] = "cpu"
     compute_type: str = Field("int8", description="int8 on CPU; float16 on CUDA")
-    threads: int = Field(2, ge=0, description="CPU threads for CTranslate2 (0: its default)")
+    threads: int = Field(0, ge=0, description="CPU threads for CTranslate2 (0: every core)")
     language: str | None = "en"
     beam_size: int = Field(5, ge=1, le=10, description="5 is as fast as 1 on short turns here, and steadier")
 
@@ -41,7 +41,7 @@ class SpeculativeConfig(BaseModel):
     max_speculative_tokens: int = Field(8, ge=0, le=8)
     draft_model: str = Field("qwen2.5-0.5b-instruct", description="for method draft_model")
     draft_quantize: Literal["none", "int8"] = Field(
-        "int8", description="int8 makes the 0.5B draft ~2.5x cheaper per token on CPU")
+        "int8", description="torch runtime: int8 makes the 0.5B draft ~2.5x cheaper per token on AVX-512 CPUs")
     draft_copy_min: int = Field(
         3, ge=0, description="draft_model copies earlier text instead of running the draft when the last "
         "this-many tokens occurred before (0: always run the draft model)")
@@ -54,12 +54,18 @@ class SpeculativeConfig(BaseModel):
 
 class LlmConfig(BaseModel):
     engine: Literal["embedded", "openai"] = "embedded"
-    model: str = Field("qwen2.5-0.5b-instruct", description="pack name, local folder, or Hugging Face id")
-    dtype: Literal["auto", "bfloat16", "float32"] = "auto"
-    quantize: Literal["none", "int8"] = Field(
-        "int8", description="int8 linear layers (per-channel weights, per-token activations, exact int32 "
-        "products): several times faster on CPU, and speculation stays exact")
-    threads: int = Field(0, ge=0, description="torch threads (0: torch's default, the core count)")
+    model: str = Field("qwen2.5-0.5b-instruct", description="pack name, local folder or file, or Hugging Face id")
+    runtime: Literal["llama.cpp", "torch"] = Field(
+        "llama.cpp", description="embedded engine: llama.cpp over the pack's own GGUF (Q4_K_M), fast on any CPU; "
+        "or torch (PyTorch over the GGUF converted once to safetensors, or a Hugging Face id)")
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto", description="torch runtime: auto is bfloat16 where the CPU has AVX-512 BF16 or AMX, else float32")
+    quantize: Literal["auto", "none", "int8"] = Field(
+        "auto", description="torch runtime: int8 linear layers (exact int32 products), none, or auto: whichever of "
+        "the two is faster on this CPU, measured at start-up (int8 is 2x slower per token on AVX2-only CPUs)")
+    threads: int = Field(
+        0, ge=0, description="LLM threads (0: every core; the LLM yields the cores to a caller's final "
+        "transcript between steps, so no thread waits for another engine's)")
     max_context_tokens: int = Field(4096, ge=256)
     temperature: float = Field(0.7, ge=0.0, le=2.0)
     top_p: float = Field(0.8, gt=0.0, le=1.0)

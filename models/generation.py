@@ -14,11 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
-
+from models.lm import CausalLM, LMState, Logits
 from models.protocols import GenerationStats, SamplingParams
 from models.sampling import make_generator, probabilities, sample
-from models.torch_lm import LMState, TorchLM
 
 
 class Decoder(Protocol):
@@ -38,7 +36,7 @@ class PlainDecoder:
 
     method = "off"
 
-    def __init__(self, lm: TorchLM, state: LMState, params: SamplingParams, stats: GenerationStats) -> None:
+    def __init__(self, lm: CausalLM, state: LMState, params: SamplingParams, stats: GenerationStats) -> None:
         self.lm, self.state, self.params, self.stats = lm, state, params, stats
         self.rng = make_generator(params.seed)
 
@@ -50,7 +48,7 @@ class PlainDecoder:
         logits = self.lm.extend(self.state, [pending])[-1]  # [V]
         return [self._pick(logits)]
 
-    def _pick(self, logits: torch.Tensor) -> int:
+    def _pick(self, logits: Logits) -> int:
         if self.params.temperature <= 0:
             return int(logits.argmax())
         return sample(probabilities(logits, self.params), self.rng)
@@ -65,7 +63,7 @@ class StepResult:
 class GenerationLoop:
     """Drives a Decoder until a stop token or the token limit. Not thread-safe: one thread steps it."""
 
-    def __init__(self, lm: TorchLM, decoder: Decoder, prompt: list[int], params: SamplingParams,
+    def __init__(self, lm: CausalLM, decoder: Decoder, prompt: list[int], params: SamplingParams,
                  stats: GenerationStats) -> None:
         self.lm, self.decoder, self.prompt, self.params, self.stats = lm, decoder, prompt, params, stats
         self.produced: list[int] = []
@@ -101,14 +99,14 @@ class GenerationLoop:
 class Detokenizer:
     """Incremental detokenization: text deltas that never split a multi-byte character."""
 
-    def __init__(self, tokenizer: object) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, lm: CausalLM) -> None:
+        self.lm = lm
         self.ids: list[int] = []
         self.emitted = ""
 
     def push(self, tokens: list[int]) -> str:
         self.ids.extend(tokens)
-        text: str = self.tokenizer.decode(self.ids, skip_special_tokens=True)  # type: ignore[attr-defined]
+        text = self.lm.decode(self.ids)
         if text.endswith("\ufffd"):
             return ""
         delta = text[len(self.emitted):] if text.startswith(self.emitted) else ""

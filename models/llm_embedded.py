@@ -1,15 +1,17 @@
-"""The embedded LLM backend: a PyTorch model in this process, one worker thread, a KV cache per
-conversation kept across turns, and a pluggable decoding strategy (plain, or speculative)."""
+"""The embedded LLM backend: a model in this process (llama.cpp by default, or PyTorch), one worker
+thread, a KV cache per conversation kept across turns, and a pluggable decoding strategy (plain, or
+speculative)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from models.generation import Decoder, Detokenizer, GenerationLoop, PlainDecoder
+from models.lm import CausalLM, LMState
 from models.protocols import ChatMessage, GenerationDone, GenerationStats, LLMOutput, SamplingParams, TextDelta
-from models.torch_lm import LMState, TorchLM
 from models.worker import ModelWorker
 from pipeline.clock import Clock
 
@@ -23,6 +25,8 @@ class SessionDecoding(Protocol):
 
     def decoder(self, state: LMState, params: SamplingParams, stats: GenerationStats) -> Decoder: ...
 
+    def close(self) -> None: ...
+
 
 class DecodingStrategy(Protocol):
     method: str
@@ -33,7 +37,7 @@ class DecodingStrategy(Protocol):
 class PlainStrategy:
     method = "off"
 
-    def __init__(self, lm: TorchLM) -> None:
+    def __init__(self, lm: CausalLM) -> None:
         self.lm = lm
 
     def new_session(self) -> SessionDecoding:
@@ -41,33 +45,43 @@ class PlainStrategy:
 
 
 class PlainSession:
-    def __init__(self, lm: TorchLM) -> None:
+    def __init__(self, lm: CausalLM) -> None:
         self.lm = lm
         self.cap: int | None = None
 
     def decoder(self, state: LMState, params: SamplingParams, stats: GenerationStats) -> Decoder:
         return PlainDecoder(self.lm, state, params, stats)
 
+    def close(self) -> None:
+        pass
+
 
 class EmbeddedLLM:
     """LanguageModel on the embedded engine."""
 
-    def __init__(self, lm: TorchLM, clock: Clock, strategy: DecodingStrategy | None = None,
+    def __init__(self, lm: CausalLM, clock: Clock, strategy: DecodingStrategy | None = None,
                  worker: ModelWorker | None = None) -> None:
         self.lm = lm
         self.clock = clock
         self.strategy: DecodingStrategy = strategy or PlainStrategy(lm)
-        self.worker = worker or ModelWorker("llm")
+        self.worker = worker or ModelWorker("llm", priority="background")
         self.name = lm.name
 
     def conversation(self) -> EmbeddedConversation:
         return EmbeddedConversation(self, self.strategy.new_session())
 
-    def warm_up(self) -> None:
-        """Blocking: one short generation so the first caller does not pay for lazy initialisation."""
+    def warm_up(self, system_prompt: str | None = None) -> None:
+        """Blocking: compute the default system prompt once for the whole process (each new call
+        copies its cache instead of computing it), then one short prefill so the first caller does
+        not pay for lazy initialisation."""
+        if system_prompt:
+            self.lm.remember_prefix(self.lm.chat_tokens([{"role": "system", "content": system_prompt}],
+                                                        add_generation_prompt=False))
         state = self.lm.new_state()
-        prompt = self.lm.chat_tokens([{"role": "user", "content": "Hi"}])
-        self.lm.prefill(state, prompt)
+        try:
+            self.lm.prefill(state, self.lm.chat_tokens([{"role": "user", "content": "Hi"}]))
+        finally:
+            self.lm.release(state)
 
     async def aclose(self) -> None:
         self.worker.shutdown()
@@ -77,26 +91,39 @@ class EmbeddedConversation:
     def __init__(self, llm: EmbeddedLLM, decoding: SessionDecoding) -> None:
         self.llm = llm
         self.decoding = decoding
-        self.state = llm.lm.new_state()
+        self.state: LMState | None = None
+
+    def _state(self) -> LMState:
+        """The conversation's sequence, made on first use (on the worker thread)."""
+        if self.state is None:
+            self.state = self.llm.lm.new_state()
+        return self.state
 
     def _prompt(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
         return self.llm.lm.chat_tokens(
             [{"role": m.role, "content": m.content} for m in messages], add_generation_prompt
         )
 
-    async def prepare(self, messages: Sequence[ChatMessage]) -> None:
-        """Prefill the conversation so far (e.g. the system prompt at session start)."""
+    def _prepare(self, messages: Sequence[ChatMessage]) -> None:
         prompt = self._prompt(messages, add_generation_prompt=False)
         if prompt:
-            await self.llm.worker.run(self.llm.lm.prefill, self.state, prompt)
+            if [m.role for m in messages] == ["system"]:
+                self.llm.lm.remember_prefix(prompt)
+            self.llm.lm.prefill(self._state(), prompt)
+
+    async def prepare(self, messages: Sequence[ChatMessage]) -> None:
+        """Prefill the conversation so far (e.g. the system prompt at session start: a copy of the
+        process's cache of it when it is the one computed before)."""
+        await self.llm.worker.run(self._prepare, messages)
 
     async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[LLMOutput]:
         clock = self.llm.clock
         stats = GenerationStats()
         prompt = await self.llm.worker.run(self._prompt, messages)
-        decoder = self.decoding.decoder(self.state, params, stats)
+        state = await self.llm.worker.run(self._state)
+        decoder = self.decoding.decoder(state, params, stats)
         loop = GenerationLoop(self.llm.lm, decoder, prompt, params, stats)
-        detok = Detokenizer(self.llm.lm.tokenizer)
+        detok = Detokenizer(self.llm.lm)
         started = clock.now()
         first = True
         while not loop.done:
@@ -113,5 +140,13 @@ class EmbeddedConversation:
     def set_speculation_cap(self, cap: int | None) -> None:
         self.decoding.cap = cap
 
+    def _close(self) -> None:
+        self.decoding.close()
+        if self.state is not None:
+            self.llm.lm.release(self.state)
+            self.state = None
+
     async def aclose(self) -> None:
-        self.state = self.llm.lm.new_state()
+        # RuntimeError: the worker has shut down with the whole engine, and nothing is left to free.
+        with contextlib.suppress(RuntimeError):
+            await self.llm.worker.run(self._close)

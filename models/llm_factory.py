@@ -1,36 +1,32 @@
 """Builds the embedded LLM from its settings: the memory guard, the target model, the draft model
-when one is configured, and the speculative decoding strategy."""
+when one is configured, and the speculative decoding strategy, on the chosen runtime."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
-from models.cache import resolve
+from models.cache import resolve_gguf, resolve_torch
 from models.config import LlmConfig
+from models.cpu import cores
 from models.llm_embedded import EmbeddedLLM
+from models.lm import CausalLM
 from models.spec.decoder import SpeculativeStrategy
-from models.spec.memory import check_memory, footprint
-from models.torch_lm import TorchLM, choose_dtype
+from models.spec.memory import ModelFootprint, check_memory
 from pipeline.clock import Clock
 
 log = logging.getLogger(__name__)
 
 
 def load_embedded(config: LlmConfig, clock: Clock, *, sequences: int = 8) -> EmbeddedLLM:
-    """`sequences`: conversations held at once (the server's max_sessions), for the KV estimate."""
+    """`sequences`: conversations held at once (the server's max_sessions), for the KV cache size."""
     spec = config.speculative
-    target_path = resolve(config.model)
-    draft_path = resolve(spec.draft_model) if spec.method == "draft_model" else None
-    # int8 models keep float32 embeddings, norms and KV caches: estimating them as float32 errs safe
-    dtype = "float32" if config.quantize == "int8" else str(choose_dtype(config.dtype)).removeprefix("torch.")
-    paths = [p for p in (target_path, draft_path) if p is not None]
-    local = [p for p in paths if _is_local(p)]
-    if local:
-        total = check_memory([footprint(p, dtype) for p in local], context_tokens=config.max_context_tokens,
-                             sequences=sequences, budget_gb=spec.memory_budget_gb)
-        log.info("memory estimate %.2f GiB within the %.1f GiB budget", total / (1 << 30), spec.memory_budget_gb)
-    lm = TorchLM.load(target_path, dtype=config.dtype, threads=config.threads, quantize=config.quantize)
-    draft = TorchLM.load(draft_path, dtype=config.dtype, quantize=spec.draft_quantize) if draft_path else None
+    threads = config.threads or cores()
+    refs = [config.model] + ([spec.draft_model] if spec.method == "draft_model" else [])
+    if config.runtime == "llama.cpp":
+        lm, draft = _load_llama(config, refs, threads, sequences)
+    else:
+        lm, draft = _load_torch(config, refs, threads, sequences)
     fixed = None if spec.num_speculative_tokens == "auto" else int(spec.num_speculative_tokens)
     strategy = SpeculativeStrategy(lm, clock, method=spec.method, fixed_k=fixed, max_k=spec.max_speculative_tokens,
                                    draft=draft, ngram_min=spec.ngram_min, ngram_max=spec.ngram_max,
@@ -38,7 +34,45 @@ def load_embedded(config: LlmConfig, clock: Clock, *, sequences: int = 8) -> Emb
     return EmbeddedLLM(lm, clock, strategy)
 
 
-def _is_local(path: str) -> bool:
-    from pathlib import Path
+def _load_llama(config: LlmConfig, refs: list[str], threads: int,
+                sequences: int) -> tuple[CausalLM, CausalLM | None]:
+    from models.gguf_meta import kv_bytes_per_token
+    from models.llama_cpp_lm import LlamaCppLM, system_info
 
-    return Path(path).is_dir()
+    paths = [resolve_gguf(r) for r in refs]
+    # Each model's context holds max_context_tokens for every conversation, plus one for the
+    # remembered prefixes and the calibration (llama.cpp's f16 cache: 2 bytes an element).
+    footprints = [ModelFootprint(p, Path(p).stat().st_size, kv_bytes_per_token(p)) for p in paths]
+    total = check_memory(footprints, context_tokens=config.max_context_tokens, sequences=sequences + 1,
+                         budget_gb=config.speculative.memory_budget_gb)
+    log.info("memory estimate %.2f GiB within the %.1f GiB budget", total / (1 << 30),
+             config.speculative.memory_budget_gb)
+    log.info("llama.cpp: %s", system_info().strip())
+    models = [LlamaCppLM(p, threads=threads, context_tokens=config.max_context_tokens, sequences=sequences,
+                         name=r) for p, r in zip(paths, refs, strict=True)]
+    return models[0], (models[1] if len(models) > 1 else None)
+
+
+def _load_torch(config: LlmConfig, refs: list[str], threads: int,
+                sequences: int) -> tuple[CausalLM, CausalLM | None]:
+    from models.spec.memory import footprint
+    from models.torch_lm import TorchLM, choose_dtype, choose_quantization
+
+    paths = [resolve_torch(r) for r in refs]
+    dtype = str(choose_dtype(config.dtype)).removeprefix("torch.")
+    # int8 models keep float32 embeddings, norms and KV caches: estimating them as float32 errs safe
+    estimate_dtype = "float32" if config.quantize != "none" else dtype
+    local = [p for p in paths if Path(p).is_dir()]
+    if local:
+        total = check_memory([footprint(p, estimate_dtype) for p in local], context_tokens=config.max_context_tokens,
+                             sequences=sequences, budget_gb=config.speculative.memory_budget_gb)
+        log.info("memory estimate %.2f GiB within the %.1f GiB budget", total / (1 << 30),
+                 config.speculative.memory_budget_gb)
+    quantize: str = config.quantize
+    if quantize == "auto":
+        quantize = choose_quantization(paths[0], dtype=config.dtype, threads=threads)
+    lm = TorchLM.load(paths[0], dtype=config.dtype, threads=threads, quantize=quantize)
+    draft = None
+    if len(paths) > 1:
+        draft = TorchLM.load(paths[1], dtype=config.dtype, quantize=config.speculative.draft_quantize)
+    return lm, draft

@@ -69,7 +69,7 @@ class OpenAIChatLLM:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
 
-    def warm_up(self) -> None:
+    def warm_up(self, system_prompt: str | None = None) -> None:
         """Blocking (start-up, off the event loop): ask the server which models it serves, to learn
         the model name when llm.remote_model is empty. A server that is down only logs a warning:
         the service starts anyway and each turn tries again."""

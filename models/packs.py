@@ -34,7 +34,7 @@ class Pack:
     description: str
     license: str
     files: tuple[PackFile, ...]
-    # "gguf": the single .gguf file is converted once to safetensors (PyTorch-loadable).
+    # "gguf": llama.cpp loads the file as shipped; the torch runtime converts it once to safetensors.
     convert: Literal["gguf"] | None = None
 
 
@@ -69,7 +69,7 @@ PACKS: dict[str, Pack] = {
         Pack(
             name="qwen2.5-0.5b-instruct",
             kind="llm",
-            description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M (491 MB), converted to safetensors",
+            description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M (491 MB)",
             license="Apache-2.0",
             files=(
                 PackFile(
@@ -83,7 +83,7 @@ PACKS: dict[str, Pack] = {
         Pack(
             name="qwen2.5-1.5b-instruct",
             kind="llm",
-            description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (1.12 GB), converted to safetensors",
+            description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (1.12 GB)",
             license="Apache-2.0",
             files=(
                 PackFile(

@@ -1,4 +1,5 @@
-"""A causal language model on PyTorch (transformers), with one KV cache per sequence.
+"""A causal language model on PyTorch (transformers), with one KV cache per sequence: the exactness
+reference of the tests, and the runtime for Hugging Face ids (`llm.runtime = "torch"`).
 
 LMState holds a sequence's cache and the token ids whose keys and values it holds, so the cache can
 be extended, rolled back to any prefix exactly, and reused across the turns of a conversation.
@@ -8,11 +9,12 @@ from __future__ import annotations
 
 import inspect
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
+from models.lm import LMState, Logits, common_prefix
 from pipeline.errors import BackendUnavailableError, EngineError, ModelMissingError
 
 log = logging.getLogger(__name__)
@@ -42,16 +44,10 @@ def _cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-@dataclass
-class LMState:
-    """One sequence: the KV cache and the ids of the tokens it holds (cache length == len(tokens))."""
-
-    cache: Any
-    tokens: list[int] = field(default_factory=list)
-
-
 class TorchLM:
     """A Hugging Face causal LM loaded from a folder or hub id, run without gradients."""
+
+    runtime = "torch"
 
     def __init__(self, model: Any, tokenizer: Any, name: str) -> None:
         self.model = model
@@ -68,6 +64,7 @@ class TorchLM:
                 eos.add(tid)
         self.stop_ids = frozenset(t for t in eos if isinstance(t, int))
         self.quantized = False
+        self.precision = str(self.dtype).removeprefix("torch.")
         # transformers renamed `past_key_values` to `cache`; use whichever this version takes.
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
@@ -102,6 +99,8 @@ class TorchLM:
                  quantize == "int8" else "", torch.get_num_threads())
         lm = cls(model, tokenizer, name=path)
         lm.quantized = quantize == "int8"
+        if lm.quantized:
+            lm.precision = "int8 linear layers"
         return lm
 
     @classmethod
@@ -118,14 +117,34 @@ class TorchLM:
             ids = ids["input_ids"]
         return [int(t) for t in ids]
 
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self.tokenizer.encode(text, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def token_texts(self) -> list[bytes]:
+        texts = [b""] * self.vocab_size
+        for text, tid in self.tokenizer.get_vocab().items():
+            if 0 <= tid < self.vocab_size:
+                texts[tid] = text.encode()
+        return texts
+
     # -- the cache -------------------------------------------------------------------------------
     def new_state(self) -> LMState:
         from transformers import DynamicCache
 
         return LMState(cache=DynamicCache())
 
+    def release(self, state: LMState) -> None:
+        state.cache = None
+        state.tokens.clear()
+
+    def remember_prefix(self, tokens: list[int]) -> None:
+        """Nothing: this runtime is the reference, not the fast path."""
+
     @torch.inference_mode()
-    def extend(self, state: LMState, tokens: list[int], keep_logits: int = 1) -> torch.Tensor:
+    def extend(self, state: LMState, tokens: list[int], keep_logits: int = 1) -> Logits:
         """Feed tokens after the cached ones; returns float32 logits [keep_logits, V] for the last
         `keep_logits` fed positions (the distribution of the token following each)."""
         if not tokens:
@@ -138,7 +157,8 @@ class TorchLM:
         except RuntimeError as exc:
             raise EngineError(f"{self.name}: forward pass failed: {exc}") from exc
         state.tokens.extend(tokens)
-        return out.logits[0, -keep_logits:].float()  # [keep_logits, V]
+        logits: Logits = out.logits[0, -keep_logits:].float().numpy()  # [keep_logits, V]
+        return logits.astype(np.float32, copy=False)
 
     def truncate(self, state: LMState, length: int) -> None:
         """Roll the cache back so it holds exactly the first `length` tokens."""
@@ -149,16 +169,43 @@ class TorchLM:
             state.cache.crop(-drop)
             del state.tokens[length:]
 
-    def prefill(self, state: LMState, prompt: list[int]) -> tuple[torch.Tensor, int]:
+    def prefill(self, state: LMState, prompt: list[int]) -> tuple[Logits, int]:
         """Make the cache hold `prompt`, computing only what differs from what the cache already
         holds (at least the last prompt token). Returns (logits [V] for the token after the prompt,
         the number of tokens computed)."""
-        common = 0
-        for a, b in zip(state.tokens, prompt, strict=False):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(prompt) - 1)
+        common = min(common_prefix(state.tokens, prompt), len(prompt) - 1)
         self.truncate(state, common)
         return self.extend(state, prompt[common:])[-1], len(prompt) - common
 
+
+
+def choose_quantization(path: str, *, dtype: str = "auto", threads: int = 0) -> str:
+    """"int8" only where int8 linear layers are actually faster on this CPU than the float dtype,
+    measured here on a 64-token prompt and single-token steps (a short reply's work). On AVX-512
+    VNNI CPUs int8 wins; on AVX2-only ones `torch._int_mm` was 2x slower per token and 23x slower
+    in prefill than float32."""
+    import statistics
+
+    from pipeline.clock import MonotonicClock
+
+    clock = MonotonicClock()
+
+    def cost(lm: TorchLM) -> float:
+        prompt = [100 + i for i in range(64)]
+        state = lm.new_state()
+        started = clock.now()
+        lm.extend(state, prompt)
+        prefill = clock.now() - started
+        steps = []
+        for i in range(5):
+            started = clock.now()
+            lm.extend(state, [200 + i])
+            steps.append(clock.now() - started)
+        return prefill + 32 * statistics.median(steps[1:])
+
+    float_cost = cost(TorchLM.load(path, dtype=dtype, threads=threads, quantize="none"))
+    int8_cost = cost(TorchLM.load(path, dtype=dtype, threads=threads, quantize="int8"))
+    choice = "int8" if int8_cost < float_cost else "none"
+    log.info("quantize auto: a 64-token prompt and 32 tokens cost %.0f ms in %s, %.0f ms with int8 layers: "
+             "using %s", float_cost * 1000, dtype, int8_cost * 1000, choice)
+    return choice

@@ -69,7 +69,7 @@ class Backends:
     tts: Synthesizer
     llm: LanguageModel
     vad_worker: ModelWorker = field(default_factory=lambda: ModelWorker("vad"))
-    asr_worker: ModelWorker = field(default_factory=lambda: ModelWorker("asr"))
+    asr_worker: ModelWorker = field(default_factory=lambda: ModelWorker("asr", priority="urgent"))
     tts_worker: ModelWorker = field(default_factory=lambda: ModelWorker("tts"))
 
 

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh Debian machine with Python 3.11: Debian packages, a virtualenv with
-# the CPU build of PyTorch and the project, and the default model packs (fetched, verified, cached
-# in ~/.cache/voice-agent or $VOICE_AGENT_CACHE).
-#   scripts/setup.sh          what the service needs
-#   scripts/setup.sh --test   plus what the test suite needs (Chromium, promtool, test tools)
+# llama.cpp built for this CPU and the project, and the default model packs (fetched, verified,
+# cached in ~/.cache/voice-agent or $VOICE_AGENT_CACHE).
+#   scripts/setup.sh          what the service needs (no PyTorch)
+#   scripts/setup.sh --test   plus what the test suite needs (the CPU build of PyTorch for the
+#                             reference runtime, Chromium, promtool, test tools)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 mode=${1:-serve}
-packages=(espeak-ng sox)
+packages=(espeak-ng sox cmake ninja-build build-essential)
 if [ "$mode" = "--test" ]; then
   packages+=(chromium chromium-driver prometheus)
 fi
@@ -31,13 +32,14 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-# The CPU build of PyTorch first: a plain `torch` requirement would pull a CUDA build of several GB.
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  echo "==> installing torch==2.13.0 (CPU)"
-  .venv/bin/python -m pip install -q torch==2.13.0
-fi
+scripts/build-llama-cpp.sh .venv/bin/python
 echo "==> installing the project"
 if [ "$mode" = "--test" ]; then
+  # The CPU build of PyTorch first: a plain `torch` requirement would pull a CUDA build of several GB.
+  if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    echo "==> installing torch==2.13.0 (CPU)"
+    .venv/bin/python -m pip install -q torch==2.13.0
+  fi
   .venv/bin/python -m pip install -q -e ".[test]"
 else
   .venv/bin/python -m pip install -q -e .

@@ -18,9 +18,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-import torch
-
 from models.generation import Decoder, PlainDecoder
+from models.lm import CausalLM, LMState
 from models.protocols import GenerationStats, SamplingParams
 from models.sampling import probabilities
 from models.spec.controller import CostModel, KController
@@ -28,7 +27,6 @@ from models.spec.draft_model import DraftModelProposer, check_compatible
 from models.spec.ngram import NgramProposer
 from models.spec.proposer import Proposer
 from models.spec.verifier import verify_greedy, verify_sampled
-from models.torch_lm import LMState, TorchLM
 from pipeline.clock import Clock
 from pipeline.errors import ConfigError
 
@@ -37,7 +35,7 @@ METHODS = ("off", "ngram", "draft_model")
 
 
 class SpeculativeDecoder(PlainDecoder):
-    def __init__(self, lm: TorchLM, state: LMState, params: SamplingParams, stats: GenerationStats,
+    def __init__(self, lm: CausalLM, state: LMState, params: SamplingParams, stats: GenerationStats,
                  proposer: Proposer, controller: KController, costs: CostModel, clock: Clock) -> None:
         super().__init__(lm, state, params, stats)
         self.method = proposer.name
@@ -92,6 +90,11 @@ class SpecSession:
     controllers: dict[str, KController] = field(default_factory=dict)
     cap: int | None = None
 
+    def close(self) -> None:
+        for proposer in self.proposers.values():
+            proposer.close()
+        self.proposers.clear()
+
     def decoder(self, state: LMState, params: SamplingParams, stats: GenerationStats) -> Decoder:
         strategy = self.strategy
         method = params.speculation.method if params.speculation else strategy.method
@@ -112,8 +115,8 @@ class SpeculativeStrategy:
     """The embedded engine's decoding: plain, n-gram or draft-model speculation, chosen per request
     (default from settings). Costs are measured per method and shared by all sessions."""
 
-    def __init__(self, lm: TorchLM, clock: Clock, *, method: str = "ngram", fixed_k: int | None = None,
-                 max_k: int = 8, draft: TorchLM | None = None, ngram_min: int = 1, ngram_max: int = 4,
+    def __init__(self, lm: CausalLM, clock: Clock, *, method: str = "ngram", fixed_k: int | None = None,
+                 max_k: int = 8, draft: CausalLM | None = None, ngram_min: int = 1, ngram_max: int = 4,
                  draft_copy_min: int = 3, calibrate: bool = True) -> None:
         if method not in METHODS:
             raise ConfigError(f"unknown speculative method {method!r}; use one of {METHODS}")
@@ -151,35 +154,41 @@ class SpeculativeStrategy:
         # pays to draft, where it is not (int8) drafting waits for probes to show high acceptance.
         return KController(self.costs[method], max_k=self.max_k, prior_accepted=1.0, prior_rejected=1.0)
 
-    @torch.inference_mode()
-    def calibrate(self, context: int = 64) -> None:
+    def calibrate(self, context: int = 64, repeats: int = 3) -> None:
         """Measure the target's forward pass over 1..max_k+1 tokens (and a draft step) once, so the
-        controller starts from real costs; later steps keep refining them. Each shape runs twice:
-        the first pass of a new shape pays for kernel set-up."""
-        prompt = list(range(1000, 1000 + context))
+        controller starts from real costs; later steps keep refining them. Each shape runs
+        `repeats` times after one untimed pass (the first pass of a shape pays for set-up), and the
+        median counts."""
+        prompt = [1000 % self.lm.vocab_size + i % 64 for i in range(context)]
         state = self.lm.new_state()
-        self.lm.extend(state, prompt)
-        verify: list[float] = []
-        for k in range(self.max_k + 1):
-            seconds = []
-            for _ in range(2):
-                started = self.clock.now()
-                self.lm.extend(state, prompt[: k + 1], keep_logits=k + 1)
-                seconds.append(self.clock.now() - started)
-                self.lm.truncate(state, context)
-            verify.append(seconds[-1])
+        try:
+            self.lm.extend(state, prompt)
+            verify: list[float] = []
+            for k in range(self.max_k + 1):
+                seconds = []
+                for _ in range(repeats + 1):
+                    started = self.clock.now()
+                    self.lm.extend(state, prompt[: k + 1], keep_logits=k + 1)
+                    seconds.append(self.clock.now() - started)
+                    self.lm.truncate(state, context)
+                verify.append(sorted(seconds[1:])[len(seconds[1:]) // 2])
+        finally:
+            self.lm.release(state)
         for costs in self.costs.values():
             costs.verify = list(verify)
         self.costs["ngram"].draft_step = 1e-4
         if self.draft is not None:
             state = self.draft.new_state()
-            self.draft.extend(state, prompt)
-            seconds = []
-            for i in range(3):
-                started = self.clock.now()
-                self.draft.extend(state, [prompt[i]])
-                seconds.append(self.clock.now() - started)
-            self.costs["draft_model"].draft_step = min(seconds[1:])
-        log.info("speculation costs (ms): verify %s, draft step %s",
-                 [round(v * 1000) for v in verify],
-                 round((self.costs["draft_model"].draft_step or 0) * 1000) if self.draft else "-")
+            try:
+                self.draft.extend(state, prompt)
+                seconds = []
+                for i in range(repeats + 1):
+                    started = self.clock.now()
+                    self.draft.extend(state, [prompt[i]])
+                    seconds.append(self.clock.now() - started)
+            finally:
+                self.draft.release(state)
+            self.costs["draft_model"].draft_step = sorted(seconds[1:])[len(seconds[1:]) // 2]
+        log.info("speculation costs on %s (%s, ms): verify 1..%d tokens %s, draft step %s",
+                 self.lm.name, self.lm.runtime, self.max_k + 1, [round(v * 1000, 1) for v in verify],
+                 round((self.costs["draft_model"].draft_step or 0) * 1000, 1) if self.draft else "-")

@@ -8,28 +8,30 @@ copies are accepted often and cost nothing, where the draft model would cost K f
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
+from models.lm import CausalLM
 from models.protocols import SamplingParams
-from models.sampling import probabilities, sample
+from models.sampling import Probs, Rng, probabilities, sample
 from models.spec.ngram import lookup
 from models.spec.proposer import Draft
-from models.torch_lm import TorchLM
 from pipeline.errors import IncompatibleModelsError
 
+PROBES = ("Hello! Your order: 2 pizzas, 1 salad.", "The meeting is at 7:30 pm on Tuesday, isn't it?")
 
-def check_compatible(target: TorchLM, draft: TorchLM) -> None:
+
+def check_compatible(target: CausalLM, draft: CausalLM) -> None:
     """Refuse a draft whose vocabulary or tokenizer differs from the target's: its token ids would
     mean other words, and rejection sampling over them would be meaningless."""
     problems = []
     if target.vocab_size != draft.vocab_size:
         problems.append(f"vocabulary sizes differ ({target.vocab_size} vs {draft.vocab_size})")
-    t_vocab, d_vocab = target.tokenizer.get_vocab(), draft.tokenizer.get_vocab()
-    if t_vocab != d_vocab:
-        differing = len(set(t_vocab.items()) ^ set(d_vocab.items()))
-        problems.append(f"tokenizers differ ({differing} token-id pairs not shared)")
-    probe = "Hello! Your order: 2 pizzas, 1 salad."
-    if not problems and target.tokenizer.encode(probe) != draft.tokenizer.encode(probe):
+    else:
+        t_texts, d_texts = target.token_texts(), draft.token_texts()
+        differing = sum(a != b for a, b in zip(t_texts, d_texts, strict=True))
+        if differing:
+            problems.append(f"tokenizers differ ({differing} token ids have other texts)")
+    if not problems and any(target.encode(p) != draft.encode(p) for p in PROBES):
         problems.append("tokenizers split the same text differently")
     if problems:
         raise IncompatibleModelsError(
@@ -42,12 +44,12 @@ def check_compatible(target: TorchLM, draft: TorchLM) -> None:
 class DraftModelProposer:
     name = "draft_model"
 
-    def __init__(self, draft: TorchLM, copy_min: int = 3) -> None:
+    def __init__(self, draft: CausalLM, copy_min: int = 3) -> None:
         self.lm = draft
         self.state = draft.new_state()
         self.copy_min = copy_min
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Draft:
+    def propose(self, context: list[int], k: int, params: SamplingParams, rng: Rng) -> Draft:
         if k <= 0:
             return Draft([], None)
         if self.copy_min:
@@ -58,7 +60,7 @@ class DraftModelProposer:
         # the target kept) and computes only the rest.
         logits, _ = self.lm.prefill(self.state, context)  # [V]
         tokens: list[int] = []
-        qs: list[torch.Tensor] = []
+        qs: list[Probs] = []
         for i in range(k):
             q = probabilities(logits, params)  # [V]
             token = int(logits.argmax()) if params.temperature <= 0 else sample(q, rng)
@@ -66,4 +68,7 @@ class DraftModelProposer:
             qs.append(q)
             if i < k - 1:
                 logits = self.lm.extend(self.state, [token])[-1]
-        return Draft(tokens, torch.stack(qs), source=self.name)  # q: [k, V]
+        return Draft(tokens, np.stack(qs), source=self.name)  # q: [k, V]
+
+    def close(self) -> None:
+        self.lm.release(self.state)

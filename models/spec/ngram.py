@@ -5,9 +5,9 @@ words (a voice agent confirming an order) or earlier text."""
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from models.protocols import SamplingParams
+from models.sampling import Rng
 from models.spec.proposer import Draft
 
 
@@ -19,8 +19,11 @@ class NgramProposer:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {min_n}, {max_n}")
         self.min_n, self.max_n, self.window = min_n, max_n, window
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Draft:
+    def propose(self, context: list[int], k: int, params: SamplingParams, rng: Rng) -> Draft:
         return Draft(lookup(context[-self.window:], k, self.min_n, self.max_n), None)
+
+    def close(self) -> None:
+        pass
 
 
 def lookup(context: list[int], k: int, min_n: int, max_n: int) -> list[int]:

@@ -10,22 +10,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
-
 from models.protocols import SamplingParams
+from models.sampling import Probs, Rng
 
 
 @dataclass(frozen=True)
 class Draft:
     tokens: list[int]  # [k] drafted token ids, k <= the K asked for (may be 0)
-    q: torch.Tensor | None  # [k, V] distributions they were drawn from; None: each is a point mass
+    q: Probs | None  # [k, V] distributions they were drawn from; None: each is a point mass
     source: str = ""  # what drafted them, when a proposer has more than one way
 
 
 class Proposer(Protocol):
     name: str
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Draft:
+    def propose(self, context: list[int], k: int, params: SamplingParams, rng: Rng) -> Draft:
         """Draft up to k tokens to follow `context` (every token so far, including the last
         produced one). Blocking; runs on the model's worker thread."""
+        ...
+
+    def close(self) -> None:
+        """Free what the proposer holds for its conversation (a draft model's cache)."""
         ...

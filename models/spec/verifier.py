@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
-from models.sampling import sample
+from models.lm import Logits
+from models.sampling import Probs, Rng, sample
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class Verdict:
     token: int  # the recovered token (accepted < K) or the bonus token (accepted == K)
 
 
-def verify_greedy(target_logits: torch.Tensor, drafted: list[int]) -> Verdict:
+def verify_greedy(target_logits: Logits, drafted: list[int]) -> Verdict:
     """Temperature 0: keep drafted tokens while each equals the target's argmax.
     target_logits: [K + 1, V]."""
     best = target_logits.argmax(-1).tolist()  # [K + 1]
@@ -31,22 +32,20 @@ def verify_greedy(target_logits: torch.Tensor, drafted: list[int]) -> Verdict:
     return Verdict(accepted, int(best[accepted]))
 
 
-def verify_sampled(
-    p: torch.Tensor, drafted: list[int], q: torch.Tensor | None, rng: torch.Generator
-) -> Verdict:
+def verify_sampled(p: Probs, drafted: list[int], q: Probs | None, rng: Rng) -> Verdict:
     """p: [K + 1, V] target distributions; q: [K, V] draft distributions, or None when each drafted
     token was proposed deterministically (q is then a point mass on it)."""
     k = len(drafted)
-    uniforms = torch.rand(k, generator=rng).tolist() if k else []  # [K]
+    uniforms = rng.random(k).tolist() if k else []  # [K]
     for i, token in enumerate(drafted):
         p_x = float(p[i, token])
         q_x = float(q[i, token]) if q is not None else 1.0
         if q_x > 0 and uniforms[i] < min(1.0, p_x / q_x):
             continue
         if q is not None:
-            residual = torch.clamp(p[i] - q[i], min=0.0)  # [V]
+            residual = np.maximum(p[i] - q[i], 0.0)  # [V]
         else:
-            residual = p[i].clone()
+            residual = p[i].copy()
             residual[token] = 0.0  # max(0, p - onehot(x)): p with the rejected token removed
         total = float(residual.sum())
         # total is > 0 whenever a rejection is possible; guard against float round-off anyway

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from models.generation import GenerationLoop
+from models.lm import CausalLM, LMState
 from models.protocols import GenerationStats, SamplingParams, Speculation
 from models.spec.decoder import SpecSession, SpeculativeStrategy
-from models.torch_lm import LMState, TorchLM
 
 
 def generate(strategy: SpeculativeStrategy, prompt: list[int], params: SamplingParams,
@@ -26,5 +26,5 @@ def params(method: str, temperature: float = 0.0, k: int | None = None, max_toke
                           speculation=Speculation(method, k))
 
 
-def prompt_of(lm: TorchLM, text: str) -> list[int]:
+def prompt_of(lm: CausalLM, text: str) -> list[int]:
     return lm.chat_tokens([{"role": "user", "content": text}])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import torch
+import numpy as np
 
 from models.protocols import SamplingParams
+from models.sampling import Rng
 from models.spec.controller import CostModel, KController, expected_tokens
 from models.spec.decoder import SpeculativeStrategy
 from models.spec.proposer import Draft
@@ -84,9 +85,12 @@ class SlowProposer:
     def __init__(self, inner, clock: FakeClock) -> None:  # type: ignore[no-untyped-def]
         self.inner, self.clock = inner, clock
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Draft:
+    def propose(self, context: list[int], k: int, params: SamplingParams, rng: Rng) -> Draft:
         self.clock.advance(5.0)
         return self.inner.propose(context, k, params, rng)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 class RandomProposer:
@@ -95,10 +99,13 @@ class RandomProposer:
     name = "ngram"
 
     def __init__(self) -> None:
-        self.gen = torch.Generator().manual_seed(0)
+        self.gen = np.random.default_rng(0)
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, rng: torch.Generator) -> Draft:
-        return Draft(torch.randint(10, 60, (k,), generator=self.gen).tolist(), None)
+    def propose(self, context: list[int], k: int, params: SamplingParams, rng: Rng) -> Draft:
+        return Draft(self.gen.integers(10, 60, k).tolist(), None)
+
+    def close(self) -> None:
+        pass
 
 
 def _strategy(clock: FakeClock) -> Iterator[SpeculativeStrategy]:

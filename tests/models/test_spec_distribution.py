@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
-import torch
 from scipy.stats import chisquare
 
 from models.protocols import SamplingParams
-from models.sampling import probabilities
+from models.sampling import Probs, Rng, probabilities, sample
 from models.spec import decoder as decoder_module
 from models.spec.decoder import SpeculativeStrategy
 from models.spec.verifier import Verdict, verify_sampled
@@ -21,9 +21,9 @@ from tests.models.tiny import tiny_lm
 P_VALUE = 1e-3  # reject "same distribution" below this; fixed seeds make the outcome repeatable
 
 
-def accept_everything(p: torch.Tensor, drafted: list[int], q: torch.Tensor | None, rng: torch.Generator) -> Verdict:
+def accept_everything(p: Probs, drafted: list[int], q: Probs | None, rng: Rng) -> Verdict:
     """A broken sampler: keeps every draft, so the output follows the draft, not the target."""
-    return Verdict(len(drafted), int(torch.multinomial(p[len(drafted)], 1, generator=rng)))
+    return Verdict(len(drafted), sample(p[len(drafted)], rng))
 
 
 def chi2_pvalue(counts: Counter[int] | Counter[tuple[int, int]], expected: dict, n: int) -> float:
@@ -44,15 +44,20 @@ def chi2_pvalue(counts: Counter[int] | Counter[tuple[int, int]], expected: dict,
     return float(chisquare(observed, wanted).pvalue)
 
 
-def run_verifier(verify, n: int = 20000) -> tuple[Counter[int], Counter[int], int, torch.Tensor]:  # type: ignore[no-untyped-def]
-    gen = torch.Generator().manual_seed(0)
+def softmax(x: np.ndarray) -> Probs:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def run_verifier(verify, n: int = 20000) -> tuple[Counter[int], Counter[int], int, Probs]:  # type: ignore[no-untyped-def]
+    gen = np.random.default_rng(0)
     vocab, k = 8, 3
-    p = torch.softmax(torch.randn(k + 1, vocab, generator=gen) * 1.5, -1)  # [K + 1, V]
-    q = torch.softmax(torch.randn(k, vocab, generator=gen) * 1.5, -1)  # [K, V]
+    p = softmax(gen.standard_normal((k + 1, vocab)) * 1.5)  # [K + 1, V]
+    q = softmax(gen.standard_normal((k, vocab)) * 1.5)  # [K, V]
     first: Counter[int] = Counter()
     second: Counter[int] = Counter()
     for _ in range(n):
-        drafted = [int(torch.multinomial(q[i], 1, generator=gen)) for i in range(k)]
+        drafted = [sample(q[i], gen) for i in range(k)]
         verdict = verify(p, drafted, q, gen)
         out = [*drafted[: verdict.accepted], verdict.token]
         first[out[0]] += 1
@@ -74,8 +79,8 @@ def test_the_same_check_catches_a_broken_sampler() -> None:
 
 def test_point_mass_drafts_are_handled_exactly() -> None:
     """n-gram drafts have no q: the rule becomes accept with p(x), else sample p without x."""
-    gen = torch.Generator().manual_seed(1)
-    p = torch.softmax(torch.randn(2, 6, generator=gen) * 2, -1)
+    gen = np.random.default_rng(1)
+    p = softmax(gen.standard_normal((2, 6)) * 2)
     counts: Counter[int] = Counter()
     n = 20000
     for _ in range(n):
@@ -89,17 +94,17 @@ def joint_second_third(strategy: SpeculativeStrategy, prompt: list[int], samplin
     1st, which plain prefill produces; the 2nd and 3rd come from a speculative step)."""
     lm = strategy.lm
 
-    def dist(tokens: list[int]) -> torch.Tensor:
+    def dist(tokens: list[int]) -> Probs:
         state = lm.new_state()
         return probabilities(lm.extend(state, tokens)[-1], sampling)
 
     joint: dict[tuple[int, int], float] = {}
     p1 = dist(prompt)
-    for a in torch.nonzero(p1).flatten().tolist():
+    for a in np.flatnonzero(p1).tolist():
         p2 = dist([*prompt, a])
-        for b in torch.nonzero(p2).flatten().tolist():
+        for b in np.flatnonzero(p2).tolist():
             p3 = dist([*prompt, a, b])
-            for c in torch.nonzero(p3).flatten().tolist():
+            for c in np.flatnonzero(p3).tolist():
                 joint[(b, c)] = joint.get((b, c), 0.0) + float(p1[a] * p2[b] * p3[c])
     return joint
 
