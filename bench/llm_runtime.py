@@ -29,7 +29,7 @@ from models import cpu
 from models.generation import GenerationLoop
 from models.lm import CausalLM
 from models.protocols import GenerationStats, SamplingParams, Speculation
-from models.spec.decoder import SpeculativeStrategy
+from models.spec.decoder import SpecSession, SpeculativeStrategy
 from pipeline.clock import MonotonicClock
 
 MODELS = ("qwen2.5-0.5b-instruct", "qwen2.5-1.5b-instruct")
@@ -77,11 +77,10 @@ def costs(lm: CausalLM, repeats: int) -> dict[str, Any]:
             "pass_over_one": {k: round(v / passes["1"], 2) for k, v in passes.items()}}
 
 
-def generate(strategy: SpeculativeStrategy, prompt: list[int], method: str, max_tokens: int
-             ) -> tuple[list[int], GenerationStats, float]:
+def generate(strategy: SpeculativeStrategy, session: SpecSession, prompt: list[int], method: str,
+             max_tokens: int) -> tuple[list[int], GenerationStats, float]:
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0, speculation=Speculation(method))
     stats = GenerationStats()
-    session = strategy.new_session()
     state = strategy.lm.new_state()
     loop = GenerationLoop(strategy.lm, session.decoder(state, params, stats), prompt, params, stats)
     loop.step()
@@ -89,35 +88,50 @@ def generate(strategy: SpeculativeStrategy, prompt: list[int], method: str, max_
     while not loop.done:
         loop.step()
     end = time.perf_counter()
-    session.close()
     strategy.lm.release(state)
     tps = (len(loop.produced) - 1) / (end - first) if len(loop.produced) > 1 and end > first else 0.0
     return loop.produced, stats, tps
 
 
-def speculation(target: CausalLM, draft: CausalLM | None, max_tokens: int) -> dict[str, Any]:
+def speculation(target: CausalLM, draft: CausalLM | None, max_tokens: int, rounds: int) -> dict[str, Any]:
+    """Each round is one call per method (its session, K controller and draft cache kept across the
+    turns, as in the service); the methods take turns within a round, so that a slow moment of the
+    machine hits them alike, and each turn's figure is its median over the rounds."""
     strategy = SpeculativeStrategy(target, MonotonicClock(), draft=draft)
     verify = [round(1000 * (v or 0), 1) for v in strategy.costs["ngram"].verify]
     print(f"    calibrated: verify 1..{len(verify)} tokens {verify} ms"
           + (f", draft step {1000 * (strategy.costs['draft_model'].draft_step or 0):.1f} ms" if draft else ""))
     methods = ["off", "ngram"] + (["draft_model"] if draft else [])
-    rows = []
-    for category, question in TURNS:
-        prompt = target.chat_tokens([{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}])
-        plain_tokens: list[int] = []
-        plain_tps = 0.0
+    prompts = [target.chat_tokens([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}])
+               for _, q in TURNS]
+    generate(strategy, strategy.new_session(), prompts[0], "off", max_tokens)  # warm the weights' pages
+    tps: dict[tuple[int, str], list[float]] = {}
+    last: dict[tuple[int, str], tuple[list[int], GenerationStats]] = {}
+    for r in range(rounds):
+        sessions = {m: strategy.new_session() for m in methods}
+        for i, prompt in enumerate(prompts):
+            order = methods[r % len(methods):] + methods[: r % len(methods)]
+            for method in order:
+                tokens, stats, speed = generate(strategy, sessions[method], prompt, method, max_tokens)
+                tps.setdefault((i, method), []).append(speed)
+                last[(i, method)] = (tokens, stats)
+        for session in sessions.values():
+            session.close()
+    rows: list[dict[str, Any]] = []
+    for i, (category, question) in enumerate(TURNS):
+        plain_tps = statistics.median(tps[(i, "off")])
         for method in methods:
-            tokens, stats, tps = generate(strategy, prompt, method, max_tokens)
-            if method == "off":
-                plain_tokens, plain_tps = tokens, tps
-            ratio = tps / plain_tps if plain_tps else 0.0
-            same = tokens == plain_tokens
-            rows.append({"category": category, "question": question, "method": method, "decode_tps": round(tps, 2),
+            tokens, stats = last[(i, method)]
+            speed = statistics.median(tps[(i, method)])
+            ratio = speed / plain_tps if plain_tps else 0.0
+            same = tokens == last[(i, "off")][0]
+            rows.append({"category": category, "question": question, "method": method,
+                         "decode_tps": round(speed, 2), "decode_tps_rounds": [round(t, 2) for t in tps[(i, method)]],
                          "ratio_to_plain": round(ratio, 3), "same_as_plain": same, "tokens": len(tokens),
                          "k_chosen": sorted(set(stats.k_chosen)), **{
                              k: v for k, v in stats.as_dict().items()
                              if k in ("drafts", "draft_tokens", "accepted_tokens", "acceptance_rate")}})
-            print(f"    {category:11s} {method:11s} {tps:6.1f} tok/s  x{ratio:4.2f}  drafts {stats.drafts:3d} "
+            print(f"    {category:11s} {method:11s} {speed:6.1f} tok/s  x{ratio:4.2f}  drafts {stats.drafts:3d} "
                   f"accepted {stats.accepted_tokens:3d}/{stats.draft_tokens:3d}  K {sorted(set(stats.k_chosen))} "
                   f"{'same' if same else 'DIFFERS'}", flush=True)
     summary = {}
@@ -131,8 +145,8 @@ def speculation(target: CausalLM, draft: CausalLM | None, max_tokens: int) -> di
             "same_as_plain": f"{sum(r['same_as_plain'] for r in mine)}/{len(mine)}",
         }
     plain = [r["decode_tps"] for r in rows if r["method"] == "off"]
-    return {"calibrated_verify_ms": verify, "plain_decode_tps_median": round(statistics.median(plain), 2),
-            "summary": summary, "turns": rows}
+    return {"calibrated_verify_ms": verify, "rounds": rounds,
+            "plain_decode_tps_median": round(statistics.median(plain), 2), "summary": summary, "turns": rows}
 
 
 def load(runtime: str, ref: str, threads: int) -> CausalLM:
@@ -176,6 +190,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=cpu.cores())
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="calls per method, taking turns")
     parser.add_argument("--no-speculation", action="store_true", help="only the cost table")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
@@ -201,7 +216,7 @@ def main() -> None:
                 draft = loaded.get(MODELS[0]) if ref == MODELS[1] else None
                 print(f"  {ref}: plain vs speculative, temperature 0, {args.max_tokens} tokens at most"
                       + (f", draft {MODELS[0]}" if draft else ""))
-                row["speculation"] = speculation(lm, draft, args.max_tokens)
+                row["speculation"] = speculation(lm, draft, args.max_tokens, args.rounds)
             results.append(row)
             if runtime != "llama.cpp":
                 loaded.pop(ref)  # PyTorch models are big in float: one at a time

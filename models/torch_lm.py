@@ -191,7 +191,7 @@ def choose_quantization(path: str, *, dtype: str = "auto", threads: int = 0) -> 
     clock = MonotonicClock()
 
     def cost(lm: TorchLM) -> float:
-        prompt = [100 + i for i in range(64)]
+        prompt = [(100 + i) % lm.vocab_size for i in range(64)]
         state = lm.new_state()
         started = clock.now()
         lm.extend(state, prompt)
@@ -199,7 +199,7 @@ def choose_quantization(path: str, *, dtype: str = "auto", threads: int = 0) -> 
         steps = []
         for i in range(5):
             started = clock.now()
-            lm.extend(state, [200 + i])
+            lm.extend(state, [(200 + i) % lm.vocab_size])
             steps.append(clock.now() - started)
         return prefill + 32 * statistics.median(steps[1:])
 

@@ -52,6 +52,7 @@ from pipeline.events import (
     SpeechStarted,
     SpeechStopped,
     TranscriptFinal,
+    TranscriptPartial,
 )
 from pipeline.llm_stage import llm_stage
 from pipeline.tts_stage import tts_stage
@@ -132,11 +133,12 @@ class Session:
         self.turns: dict[int, Turn] = {}
         self.reply: Reply | None = None
         self.generation = 0  # bumped by every barge-in and every new reply
+        self.preparing: asyncio.Task[None] | None = None  # the LLM's head start on the next prompt
 
     # -- the input line --------------------------------------------------------------------------
     async def run(self) -> None:
         """Run until `audio_in` yields None (the caller hung up), then stop any reply."""
-        prepare = asyncio.create_task(self.conversation.prepare(self.history))
+        self._prepare(tuple(self.history))
         vad_stream = self.backends.vad.new_stream()
         speech = vad_stage(self._frames(), vad_stream, self.backends.vad_worker, self.config.endpointing,
                            self.clock, self.backends.vad.sample_rate, self.backends.vad.window_samples)
@@ -146,7 +148,8 @@ class Session:
                 async for event in events:
                     await self._on_input(event)
         finally:
-            prepare.cancel()
+            if self.preparing is not None:
+                self.preparing.cancel()
             await self._cancel_reply("interrupted", send=False)
             await self.conversation.aclose()
 
@@ -168,6 +171,8 @@ class Session:
             await self.outbound.send_event(event)
             return
         await self.outbound.send_event(event)
+        if isinstance(event, TranscriptPartial) and self.reply is None and event.text.strip():
+            self._prepare((*self._prompt(), ChatMessage("user", event.text.strip())))
         if isinstance(event, TranscriptFinal):
             turn = self.turns.setdefault(event.turn_id, Turn(event.turn_id))
             turn.mark("asr_final", event.at)
@@ -175,6 +180,22 @@ class Session:
                 await self._start_reply(turn, event.text.strip())
             else:
                 self.turns.pop(event.turn_id, None)
+
+    def _prepare(self, messages: tuple[ChatMessage, ...]) -> None:
+        """Give the LLM a head start: prefill the conversation so far (and the caller's words while
+        they speak), so that at the final transcript only what changed is computed. Only between
+        replies: a reply's generation owns the conversation's cache while it runs."""
+        if self.preparing is not None and not self.preparing.done():
+            self.preparing.cancel()
+        self.preparing = asyncio.create_task(self._prepare_quietly(messages))
+
+    async def _prepare_quietly(self, messages: tuple[ChatMessage, ...]) -> None:
+        try:
+            await self.conversation.prepare(messages)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a head start that fails costs nothing but the head start
+            log.warning("LLM head start failed: %s", exc)
 
     # -- the reply line --------------------------------------------------------------------------
     async def _start_reply(self, turn: Turn, text: str) -> None:

@@ -8,6 +8,9 @@
 # The wheel is kept under $VOICE_AGENT_CACHE/wheels/, keyed by version and flags, so a second setup
 # on the same machine installs it in seconds, and a different CPU gets its own build.
 #   scripts/build-llama-cpp.sh [PYTHON]      PYTHON defaults to .venv/bin/python
+# VOICE_AGENT_CPU_FLAGS="avx avx2 fma f16c" builds for those flags instead of this CPU's: a portable
+# x86-64-v3 build for an image that runs on other machines (docker/Dockerfile), or an AVX2-only
+# build on an AVX-512 machine, to measure what such a CPU would get.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,7 +22,7 @@ args=(-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_
       -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_OPENMP=ON)
 arch=$(uname -m)
 if [ "$arch" = "x86_64" ]; then
-  flags=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2) "
+  flags=" ${VOICE_AGENT_CPU_FLAGS:-$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2)} "
   has() { for f in "$@"; do [[ "$flags" == *" $f "* ]] || return 1; done; }
   has avx && args+=(-DGGML_AVX=ON)
   has avx2 && args+=(-DGGML_AVX2=ON)

@@ -47,3 +47,7 @@ fi
 
 echo "==> fetching the default models"
 .venv/bin/voice-agent models fetch
+if [ "$mode" = "--test" ]; then
+  # another vocabulary, for the test that refuses a draft of another family
+  .venv/bin/voice-agent models fetch smollm2-135m-instruct
+fi

@@ -7,7 +7,9 @@ yields 1 token for v(0). The controller picks the K with the best E(K) / (K c + 
 (plain decoding) unless some K beats plain by a margin. Alpha is a decayed count of accepted and
 rejected drafted tokens; costs are decayed averages of measured seconds, seeded by a calibration.
 While K = 0, it probes now and then (backing off exponentially) so it notices when drafts start
-paying again.
+paying again, but only where drafting could pay at all: when even drafts that are always accepted
+would be slower than plain decoding (a compute-bound CPU, where verifying K tokens costs about K
+steps, with a draft model that costs a third of a step), it never drafts and never probes.
 """
 
 from __future__ import annotations
@@ -104,6 +106,13 @@ class KController:
         draft = self.costs.draft_step or 0.0
         return expected_tokens(self.alpha, k) / (k * draft + self.costs.verify_cost(k))
 
+    def could_pay(self, upper: int) -> bool:
+        """Whether some K <= upper beats plain decoding by the margin when every draft is accepted."""
+        draft = self.costs.draft_step or 0.0
+        plain = 1.0 / self.costs.verify_cost(0)
+        return any((k + 1) / (k * draft + self.costs.verify_cost(k)) > plain * (1.0 + self.margin)
+                   for k in range(1, upper + 1))
+
     def best_k(self, upper: int) -> int:
         plain = self.rate(0)
         best_k, best = 0, plain * (1.0 + self.margin)
@@ -126,7 +135,7 @@ class KController:
             self.probe_after = self.base_probe_after
             return k
         self.plain_streak += 1
-        if self.plain_streak >= self.probe_after:
+        if self.plain_streak >= self.probe_after and self.could_pay(upper):
             self.plain_streak = 0
             self.probe_after = min(2 * self.probe_after, self.max_probe_after)
             return min(2, upper)

@@ -159,7 +159,7 @@ class SpeculativeStrategy:
         controller starts from real costs; later steps keep refining them. Each shape runs
         `repeats` times after one untimed pass (the first pass of a shape pays for set-up), and the
         median counts."""
-        prompt = [1000 % self.lm.vocab_size + i % 64 for i in range(context)]
+        prompt = [(1000 + i) % self.lm.vocab_size for i in range(context)]
         state = self.lm.new_state()
         try:
             self.lm.extend(state, prompt)

@@ -77,6 +77,24 @@ def test_plain_streaks_probe_with_backoff() -> None:
     assert probes[:3] == [3, 11, 27]  # after 4, then 8, then 16 plain steps
 
 
+# Measured on llama.cpp, 2-core AVX-512 EPYC: Qwen2.5-Coder-1.5B Q4_K_M over 1..9 tokens, and the
+# 0.5B's step as its draft. Verification is compute-bound (9 tokens cost 8 steps).
+LLAMA_1_5B = [39.4, 69.8, 87.9, 128.6, 136.2, 169.7, 200.5, 289.0, 378.3]
+
+
+def test_where_even_perfect_drafts_lose_it_never_drafts_nor_probes() -> None:
+    controller = KController(costs(LLAMA_1_5B, 28.0), probe_after=4, prior_accepted=99, prior_rejected=1)
+    assert not controller.could_pay(8)
+    assert [controller.choose(100) for _ in range(200)] == [0] * 200
+
+
+def test_free_drafts_on_a_compute_bound_cpu_pay_only_when_nearly_always_right() -> None:
+    free = costs(LLAMA_1_5B, 0.01)  # n-gram drafts cost microseconds
+    assert KController(free).could_pay(8)
+    assert KController(free, prior_accepted=1, prior_rejected=1).best_k(8) == 0
+    assert KController(free, prior_accepted=199, prior_rejected=1).best_k(8) > 0
+
+
 class SlowProposer:
     """A fake proposer whose drafts are good but take 5 fake seconds each."""
 
