@@ -6,26 +6,25 @@ speculation, at temperature 0 and 0.8, and prints per case and per category the 
 (tokens/s after the first token), the speedup over plain, acceptance rate, mean acceptance length,
 time to first token, and whether the temperature-0 outputs equal plain decoding's.
 
-    .venv/bin/python bench/spec_decode.py                       # 1.5B target, 0.5B draft, bfloat16
-    .venv/bin/python bench/spec_decode.py --dtype float32 --max-tokens 48
+    .venv/bin/python bench/spec_decode.py                       # llama.cpp: 1.5B target, 0.5B draft, Q4_K_M
+    .venv/bin/python bench/spec_decode.py --runtime torch-bfloat16 --max-tokens 48
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from dataclasses import dataclass
 
-import torch
+from llm_runtime import load  # bench/llm_runtime.py, beside this script
 
-from models.cache import resolve
+from models import cpu
 from models.generation import GenerationLoop
+from models.lm import CausalLM
 from models.protocols import GenerationStats, SamplingParams, Speculation
 from models.spec.decoder import SpeculativeStrategy
-from models.torch_lm import TorchLM
 from pipeline.clock import MonotonicClock
 
 VOICE = ("You are a friendly voice assistant on a phone call. Your replies are spoken aloud, so answer in "
@@ -66,13 +65,16 @@ def run_one(strategy: SpeculativeStrategy, prompt: list[int], method: str, tempe
                             speculation=Speculation(method))
     stats = GenerationStats()
     state = strategy.lm.new_state()
-    loop = GenerationLoop(strategy.lm, strategy.new_session().decoder(state, params, stats), prompt, params, stats)
+    session = strategy.new_session()
+    loop = GenerationLoop(strategy.lm, session.decoder(state, params, stats), prompt, params, stats)
     start = time.perf_counter()
     loop.step()
     first = time.perf_counter()
     while not loop.done:
         loop.step()
     end = time.perf_counter()
+    session.close()
+    strategy.lm.release(state)
     stats.time_to_first_token_ms = (first - start) * 1000
     stats.duration_ms = (end - start) * 1000
     decode_tps = (len(loop.produced) - 1) / (end - first) if len(loop.produced) > 1 and end > first else 0.0
@@ -83,22 +85,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="qwen2.5-1.5b-instruct")
     parser.add_argument("--draft", default="qwen2.5-0.5b-instruct")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--runtime", default="llama.cpp",
+                        choices=["llama.cpp", "torch-float32", "torch-int8", "torch-bfloat16"])
+    parser.add_argument("--draft-runtime", help="the draft's runtime (default: the target's)")
+    parser.add_argument("--threads", type=int, default=cpu.cores())
     parser.add_argument("--max-tokens", type=int, default=80)
-    parser.add_argument("--draft-quantize", default="int8", choices=["none", "int8"])
-    parser.add_argument("--quantize", default="none", choices=["none", "int8"], help="the target's quantization")
     parser.add_argument("--temperatures", default="0,0.8")
     parser.add_argument("--json", help="also write every run to this file")
     parser.add_argument("--categories", default="question,confirmation,explanation")
     args = parser.parse_args()
 
-    target_kind = args.quantize if args.quantize != "none" else args.dtype
-    draft_kind = args.draft_quantize if args.draft_quantize != "none" else args.dtype
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"torch {torch.__version__}; target {args.target} ({target_kind}), draft {args.draft} ({draft_kind})")
     clock = MonotonicClock()
-    target = TorchLM.load(resolve(args.target), dtype=args.dtype, quantize=args.quantize)
-    draft = TorchLM.load(resolve(args.draft), dtype=args.dtype, quantize=args.draft_quantize)
+    target = load(args.runtime, args.target, args.threads)
+    draft = load(args.draft_runtime or args.runtime, args.draft, args.threads)
+    print(f"CPU: {cpu.describe()}\n{args.threads} threads; "
+          f"target {args.target} ({target.runtime}, {target.precision}), "
+          f"draft {args.draft} ({draft.runtime}, {draft.precision})")
     strategy = SpeculativeStrategy(target, clock, draft=draft)
     print("calibrated verify cost (ms) for 1..9 tokens:",
           [round(v * 1000) for v in strategy.costs["ngram"].verify],
@@ -123,7 +125,7 @@ def main() -> None:
                         "decode_tokens_per_second": r.decode_tps} for r in runs], f, indent=1)
 
 
-def report(runs: list[Run], target: TorchLM) -> None:
+def report(runs: list[Run], target: CausalLM) -> None:
     plain = {(r.case, r.temperature): r for r in runs if r.method == "off"}
     print("\nmedians per category (speedup = decode tok/s over plain's, per case, then the median)")
     header = (f"{'T':>3} {'category':12s} {'method':11s} {'tok/s':>6} {'speedup':>7} {'accept':>6} "
@@ -154,7 +156,7 @@ def report(runs: list[Run], target: TorchLM) -> None:
             p = plain[(r.case, 0.0)].tokens
             at = next((i for i, (a, b) in enumerate(zip(p, r.tokens, strict=False)) if a != b),
                       min(len(p), len(r.tokens)))
-            ours, theirs = target.tokenizer.decode(p[at:at + 4]), target.tokenizer.decode(r.tokens[at:at + 4])
+            ours, theirs = target.decode(p[at:at + 4]), target.decode(r.tokens[at:at + 4])
             print(f"T=0 parting: {r.method} case #{r.case} at token {at}: plain {ours!r} vs {theirs!r}")
 
 

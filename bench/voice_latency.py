@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
+import json
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.client import VoiceClient, read_wav
+from models import cpu
 from pipeline.turns import MARKS
 from tests.e2e.conftest import start_server, stop_server
 from tests.speech import espeak_wav
@@ -83,7 +83,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def run(url: str, repeat: int, rate: int) -> None:
+async def run(url: str, repeat: int, rate: int) -> list[dict]:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeat):
@@ -102,9 +102,16 @@ async def run(url: str, repeat: int, rate: int) -> None:
         values = [r[key] for r in results if r[key] is not None]
         if values:
             print(f"{name:22s} {statistics.median(values):7.0f} {pct(values, 0.95):7.0f}")
+    # Every call here is a fresh call, so each turn is a call's first turn.
+    after_final = [r["marks"]["llm_first_token"] - r["marks"]["asr_final"] for r in results
+                   if "llm_first_token" in r["marks"] and "asr_final" in r["marks"]]
+    if after_final:
+        print(f"{'first token - final':22s} {statistics.median(after_final):7.0f} {pct(after_final, 0.95):7.0f}"
+              "   (a call's first turn: ms from the final transcript to the first LLM token)")
     tps = [r["tokens_per_second"] for r in results if r["tokens_per_second"]]
     if tps:
         print(f"LLM tokens/s median {statistics.median(tps):.1f}")
+    return results
 
 
 def main() -> None:
@@ -114,19 +121,24 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=16000)
     parser.add_argument("--set", action="append", default=[], metavar="VOICE_AGENT_X=Y",
                         help="a setting for the server this script starts (repeatable)")
+    parser.add_argument("--json", help="also write every turn to this file")
     args = parser.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores")
+    print(f"CPU: {cpu.describe()}")
+    env: dict[str, str] = {}
     if args.url:
-        asyncio.run(run(args.url, args.repeat, args.rate))
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **dict(s.split("=", 1) for s in args.set)}
-        print("server settings:", env)
-        server, proc = start_server(Path(tmp), env=env)
-        try:
-            asyncio.run(run(server.ws_url, args.repeat, args.rate))
-        finally:
-            stop_server(proc)
+        results = asyncio.run(run(args.url, args.repeat, args.rate))
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **dict(s.split("=", 1) for s in args.set)}
+            print("server settings:", env)
+            server, proc = start_server(Path(tmp), env=env)
+            try:
+                results = asyncio.run(run(server.ws_url, args.repeat, args.rate))
+            finally:
+                stop_server(proc)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "settings": env, "turns": results}, indent=1))
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":
