@@ -41,7 +41,8 @@ def _llama() -> Any:
     except ImportError as exc:
         raise BackendUnavailableError(
             f"the llama.cpp runtime cannot be imported ({exc}); run scripts/setup.sh, which builds "
-            "llama-cpp-python for this CPU (scripts/build-llama-cpp.sh), or set llm.runtime = \"torch\""
+            "llama-cpp-python for this CPU (scripts/build-llama-cpp.sh), or pip install 'voice-agent[llama]', "
+            "or set llm.runtime = \"torch\""
         ) from exc
     with _init_lock:
         if not _initialised:

@@ -42,7 +42,7 @@ if [ "$mode" = "--test" ]; then
   fi
   .venv/bin/python -m pip install -q -e ".[test]"
 else
-  .venv/bin/python -m pip install -q -e .
+  .venv/bin/python -m pip install -q -e ".[llama]"
 fi
 
 echo "==> fetching the default models"
