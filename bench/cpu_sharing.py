@@ -51,11 +51,9 @@ async def transcribe_times(asr: Any, worker: ModelWorker, audio: np.ndarray, rep
             conversation = llm.conversation()
             async for out in conversation.stream(
                     [ChatMessage("user", "Tell me a long story about a lighthouse keeper.")],
-                    SamplingParams(temperature=0.7, max_tokens=400, seed=1)):
+                    SamplingParams(temperature=0.7, max_tokens=48, seed=1)):
                 if isinstance(out, GenerationDone):
                     produced += out.stats.completion_tokens
-                if stop.is_set():
-                    break
             await conversation.aclose()
 
     task = asyncio.create_task(generate()) if llm is not None else None
