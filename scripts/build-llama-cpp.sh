@@ -56,7 +56,7 @@ if ! ls "$wheels"/llama_cpp_python-*.whl >/dev/null 2>&1; then
   log="$wheels.log"
   start=$(date +%s)
   if ! CMAKE_ARGS="$cmake_args" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-      "$python" -m pip wheel --no-deps --no-binary llama-cpp-python -w "$wheels.tmp" \
+      "$python" -m pip wheel --no-cache-dir --no-deps --no-binary llama-cpp-python -w "$wheels.tmp" \
       "llama-cpp-python==$version" >"$log" 2>&1; then
     tail -n 40 "$log"
     echo "error: building llama-cpp-python failed; the whole log is $log" >&2
@@ -74,6 +74,12 @@ if ! "$python" -c "import llama_cpp; llama_cpp.llama_backend_init(); print(llama
     >"$wheels.sysinfo" 2>&1; then
   cat "$wheels.sysinfo"
   echo "error: the llama.cpp build does not run on this CPU; remove $wheels and report CMAKE_ARGS=$cmake_args" >&2
+  exit 1
+fi
+# pip keys its own wheel cache by the source archive, not by CMAKE_ARGS (hence --no-cache-dir
+# above): check that what runs is what was asked for.
+if [[ "$cmake_args" != *"-DGGML_AVX512=ON"* ]] && grep -q "AVX512 = 1" "$wheels.sysinfo"; then
+  echo "error: the installed llama.cpp uses AVX-512, which was not asked for; remove $wheels and run again" >&2
   exit 1
 fi
 echo "$tag" >"$stamp"

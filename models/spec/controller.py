@@ -96,6 +96,7 @@ class KController:
         self.probe_after = probe_after
         self.max_probe_after = max_probe_after
         self.plain_streak = 0
+        self.probing = False  # the K last chosen is a probe, not a choice the measurements back
 
     @property
     def alpha(self) -> float:
@@ -124,6 +125,7 @@ class KController:
 
     def choose(self, limit: int) -> int:
         """K for the next step; `limit` is how many more tokens may be drafted."""
+        self.probing = False
         upper = min(self.max_k, limit, self.cap if self.cap is not None else self.max_k)
         if upper <= 0:
             return 0
@@ -138,8 +140,15 @@ class KController:
         if self.plain_streak >= self.probe_after and self.could_pay(upper):
             self.plain_streak = 0
             self.probe_after = min(2 * self.probe_after, self.max_probe_after)
+            self.probing = True
             return min(2, upper)
         return 0
+
+    def defer_probe(self) -> None:
+        """The probe found no draft worth verifying: probe again at the next step instead."""
+        self.probing = False
+        self.probe_after = max(self.base_probe_after, self.probe_after // 2)
+        self.plain_streak = self.probe_after - 1
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A verified draft: `accepted` of `drafted` kept (a rejection ends the run)."""

@@ -32,6 +32,10 @@ from pipeline.errors import ConfigError
 
 log = logging.getLogger(__name__)
 METHODS = ("off", "ngram", "draft_model")
+# A probe (K chosen to test acceptance, not backed by it) verifies a copied draft only when at least
+# this many tokens matched where it was copied from: a failed probe costs a whole step, which a
+# short reply on a compute-bound CPU feels (-10 % on a 10-token reply), and weak matches mostly fail.
+PROBE_MIN_MATCH = 3
 
 
 class SpeculativeDecoder(PlainDecoder):
@@ -51,7 +55,11 @@ class SpeculativeDecoder(PlainDecoder):
         started = self.clock.now()
         draft = self.proposer.propose([*self.state.tokens, pending], k, self.params, self.rng)
         drafted = len(draft.tokens)
-        if drafted == 0:
+        weak_probe = self.controller.probing and draft.q is None and draft.matched < PROBE_MIN_MATCH
+        if drafted == 0 or weak_probe:
+            if self.controller.probing:
+                self.controller.defer_probe()
+            self.stats.k_chosen[-1] = 0
             return self._plain(pending)
         if draft.source in ("", self.proposer.name):  # a copied draft says nothing of the model's cost
             self.costs.observe_draft(drafted, self.clock.now() - started)

@@ -13,7 +13,7 @@ import numpy as np
 from models.lm import CausalLM
 from models.protocols import SamplingParams
 from models.sampling import Probs, Rng, probabilities, sample
-from models.spec.ngram import lookup
+from models.spec.ngram import lookup_match
 from models.spec.proposer import Draft
 from pipeline.errors import IncompatibleModelsError
 
@@ -53,9 +53,9 @@ class DraftModelProposer:
         if k <= 0:
             return Draft([], None)
         if self.copy_min:
-            copied = lookup(context[-4096:], k, self.copy_min, max(self.copy_min, 6))
+            copied, matched = lookup_match(context[-4096:], k, self.copy_min, max(self.copy_min, 6))
             if len(copied) >= min(k, 2):
-                return Draft(copied, None, source="ngram")
+                return Draft(copied, None, source="ngram", matched=matched)
         # The draft cache rolls back to its longest common prefix with the context (exactly what
         # the target kept) and computes only the rest.
         logits, _ = self.lm.prefill(self.state, context)  # [V]

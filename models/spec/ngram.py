@@ -20,7 +20,8 @@ class NgramProposer:
         self.min_n, self.max_n, self.window = min_n, max_n, window
 
     def propose(self, context: list[int], k: int, params: SamplingParams, rng: Rng) -> Draft:
-        return Draft(lookup(context[-self.window:], k, self.min_n, self.max_n), None)
+        tokens, matched = lookup_match(context[-self.window:], k, self.min_n, self.max_n)
+        return Draft(tokens, None, matched=matched)
 
     def close(self) -> None:
         pass
@@ -28,8 +29,13 @@ class NgramProposer:
 
 def lookup(context: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Up to k tokens that followed the most recent earlier match of the longest suffix n-gram."""
+    return lookup_match(context, k, min_n, max_n)[0]
+
+
+def lookup_match(context: list[int], k: int, min_n: int, max_n: int) -> tuple[list[int], int]:
+    """lookup(), and the length of the suffix n-gram that matched (0: none)."""
     if k <= 0 or len(context) < min_n + 1:
-        return []
+        return [], 0
     seq = np.asarray(context, dtype=np.int64)
     for n in range(min(max_n, len(seq) - 1), min_n - 1, -1):
         suffix = seq[-n:]
@@ -37,5 +43,5 @@ def lookup(context: list[int], k: int, min_n: int, max_n: int) -> list[int]:
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if len(hits):
             start = int(hits[-1]) + n  # continuation of the most recent match
-            return [int(t) for t in seq[start:start + k]]
-    return []
+            return [int(t) for t in seq[start:start + k]], n
+    return [], 0

@@ -19,6 +19,7 @@ class Draft:
     tokens: list[int]  # [k] drafted token ids, k <= the K asked for (may be 0)
     q: Probs | None  # [k, V] distributions they were drawn from; None: each is a point mass
     source: str = ""  # what drafted them, when a proposer has more than one way
+    matched: int = 0  # copied drafts: how many tokens of the context's end matched where they were copied
 
 
 class Proposer(Protocol):

@@ -161,3 +161,41 @@ def test_engine_turns_speculation_off_when_drafts_are_useless() -> None:
                            session=session)
     assert stats.acceptance_rate < 0.2
     assert sum(1 for k in stats.k_chosen[20:] if k == 0) >= 0.85 * len(stats.k_chosen[20:]), stats.k_chosen
+
+
+class CopyProposer:
+    """A fake copying proposer whose drafts are always right, with a fixed match length."""
+
+    name = "ngram"
+
+    def __init__(self, inner, matched: int) -> None:  # type: ignore[no-untyped-def]
+        self.inner, self.matched = inner, matched
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, rng: Rng) -> Draft:
+        right = self.inner.propose(context, k, params, rng)
+        return Draft(right.tokens, None, matched=self.matched)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_probes_verify_only_strong_copies() -> None:
+    """Where only probes draft (verification as dear as k steps), a probe verifies a copied draft
+    only when a long enough stretch matched: weak single-token matches mostly fail, and a failed
+    probe costs a short reply a whole step. Strong matches are probed, and pay."""
+    drafts = {}
+    for matched in (1, 4):
+        clock = FakeClock()
+        strategy = next(_strategy(clock))
+        for costs in strategy.costs.values():
+            costs.verify = [0.2 + 0.12 * k for k in range(9)]  # each drafted token costs 0.6 of a step
+            costs.smoothing = 0.0  # the fake clock measures 0 s: keep these costs as they are
+        session = strategy.new_session()
+        # the identical model as a copying proposer: drafts always right, at no cost
+        session.proposers["ngram"] = CopyProposer(strategy.make_proposer("draft_model"), matched)
+        session.controllers["ngram"] = strategy.make_controller("ngram")
+        _, stats, _ = generate(strategy, prompt_of(strategy.lm, "w1 w2 w3"), params("ngram", max_tokens=60),
+                               session=session)
+        drafts[matched] = stats.drafts
+    assert drafts[1] == 0
+    assert drafts[4] > 0
