@@ -5,7 +5,9 @@ yields E(K) = (1 - alpha^(K+1)) / (1 - alpha) tokens and costs K * c + v(K): c t
 token, v(K) the target's cost to verify K tokens (one forward pass over K + 1). Plain decoding
 yields 1 token for v(0). The controller picks the K with the best E(K) / (K c + v(K)), and K = 0
 (plain decoding) unless some K beats plain by a margin. Alpha is a decayed count of accepted and
-rejected drafted tokens; costs are decayed averages of measured seconds, seeded by a calibration.
+rejected drafted tokens; the choice uses a cautious alpha, as if `caution` more drafts had been
+rejected, so that two lucky drafts do not buy a K = 7 that a compute-bound CPU pays 5 steps for.
+Costs are decayed averages of measured seconds, seeded by a calibration.
 While K = 0, it probes now and then (backing off exponentially) so it notices when drafts start
 paying again, but only where drafting could pay at all: when even drafts that are always accepted
 would be slower than plain decoding (a compute-bound CPU, where verifying K tokens costs about K
@@ -81,6 +83,7 @@ class KController:
         prior_rejected: float = 2.0,
         decay: float = 0.9,
         margin: float = 0.05,
+        caution: float = 2.0,
         probe_after: int = 16,
         max_probe_after: int = 256,
     ) -> None:
@@ -92,6 +95,7 @@ class KController:
         self.rejected = prior_rejected
         self.decay = decay
         self.margin = margin
+        self.caution = caution
         self.base_probe_after = probe_after
         self.probe_after = probe_after
         self.max_probe_after = max_probe_after
@@ -102,10 +106,14 @@ class KController:
     def alpha(self) -> float:
         return self.accepted / (self.accepted + self.rejected) if self.accepted + self.rejected > 0 else 0.0
 
+    @property
+    def cautious_alpha(self) -> float:
+        return self.accepted / (self.accepted + self.rejected + self.caution)
+
     def rate(self, k: int) -> float:
-        """Expected tokens per second when drafting k (k = 0: plain decoding)."""
+        """Expected tokens per second when drafting k (k = 0: plain decoding), at the cautious alpha."""
         draft = self.costs.draft_step or 0.0
-        return expected_tokens(self.alpha, k) / (k * draft + self.costs.verify_cost(k))
+        return expected_tokens(self.cautious_alpha, k) / (k * draft + self.costs.verify_cost(k))
 
     def could_pay(self, upper: int) -> bool:
         """Whether some K <= upper beats plain decoding by the margin when every draft is accepted."""
