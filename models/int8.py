@@ -16,10 +16,13 @@ would (the same kernel over the same keys).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import nn
+
+ACCURACY_LIMIT = 0.05  # relative error of an int8 product beyond which its kernels are not to be trusted
 
 
 class Int8Linear(nn.Module):
@@ -48,6 +51,26 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*shape[:-1], self.out_features)
+
+
+@functools.cache
+def int8_error() -> float:
+    """The relative error of an Int8Linear against float32 on fixed random data, on this CPU.
+    About 0.01 where the int8 kernels are exact (AVX-512 VNNI, AVX-VNNI, AMX, arm64); measured at
+    0.15 under AVX2-only kernels, whose u8 x s8 pair products saturate at 16 bits."""
+    generator = torch.Generator().manual_seed(0)
+    linear = nn.Linear(96, 160)
+    with torch.no_grad():
+        linear.weight.copy_((torch.rand(160, 96, generator=generator) * 2 - 1) * 0.1)
+        linear.bias.zero_()
+        x = torch.randn(9, 96, generator=generator) * 3
+        want = linear(x)
+        got = Int8Linear(linear)(x)
+    return float((got - want).norm() / want.norm())
+
+
+def int8_is_accurate() -> bool:
+    return int8_error() < ACCURACY_LIMIT
 
 
 def quantize_linears(model: nn.Module) -> nn.Module:

@@ -74,5 +74,12 @@ def _load_torch(config: LlmConfig, refs: list[str], threads: int,
     lm = TorchLM.load(paths[0], dtype=config.dtype, threads=threads, quantize=quantize)
     draft = None
     if len(paths) > 1:
-        draft = TorchLM.load(paths[1], dtype=config.dtype, quantize=config.speculative.draft_quantize)
+        from models.int8 import int8_error, int8_is_accurate
+
+        draft_quantize = config.speculative.draft_quantize
+        if draft_quantize == "int8" and not int8_is_accurate():
+            log.warning("int8 products lose precision on this CPU (relative error %.2f): the draft runs unquantized",
+                        int8_error())
+            draft_quantize = "none"
+        draft = TorchLM.load(paths[1], dtype=config.dtype, quantize=draft_quantize)
     return lm, draft

@@ -78,6 +78,14 @@ class TorchLM:
 
         if threads > 0:
             torch.set_num_threads(threads)
+        if quantize == "int8":
+            from models.int8 import ACCURACY_LIMIT, int8_error
+
+            if int8_error() >= ACCURACY_LIMIT:
+                raise BackendUnavailableError(
+                    f"int8 matrix products lose precision on this CPU (relative error {int8_error():.2f} on a test "
+                    "product; CPUs without AVX-512 VNNI, AVX-VNNI or AMX saturate them): set llm.quantize = auto "
+                    "or none (and llm.speculative.draft_quantize = none)")
         torch_dtype = torch.float32 if quantize == "int8" else choose_dtype(dtype)
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
@@ -186,7 +194,13 @@ def choose_quantization(path: str, *, dtype: str = "auto", threads: int = 0) -> 
     in prefill than float32."""
     import statistics
 
+    from models.int8 import int8_error, int8_is_accurate
     from pipeline.clock import MonotonicClock
+
+    if not int8_is_accurate():
+        log.info("quantize auto: int8 products lose precision on this CPU (relative error %.2f): using none",
+                 int8_error())
+        return "none"
 
     clock = MonotonicClock()
 
