@@ -321,6 +321,8 @@ class Session:
         for task in reply.tasks:
             task.cancel()
         await asyncio.gather(*reply.tasks, return_exceptions=True)
+        # A cap set while the reply ran far ahead of playback must not outlive the reply.
+        self.conversation.set_speculation_cap(None)
         if send:
             await self._finish(reply, status)
         else:

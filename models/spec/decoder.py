@@ -96,7 +96,19 @@ class SpecSession:
     strategy: SpeculativeStrategy
     proposers: dict[str, Proposer] = field(default_factory=dict)
     controllers: dict[str, KController] = field(default_factory=dict)
-    cap: int | None = None
+    _cap: int | None = None
+
+    @property
+    def cap(self) -> int | None:
+        return self._cap
+
+    @cap.setter
+    def cap(self, cap: int | None) -> None:
+        """The most tokens to draft per step, from now on: the running generation's controller reads
+        it at its next step, not only the next turn's."""
+        self._cap = cap
+        for controller in self.controllers.values():
+            controller.cap = cap
 
     def close(self) -> None:
         for proposer in self.proposers.values():
