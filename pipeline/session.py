@@ -38,6 +38,7 @@ from pipeline.chunker import chunk_stage
 from pipeline.clock import Clock
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
 from pipeline.endpointing import vad_stage
+from pipeline.errors import VoiceAgentError
 from pipeline.events import (
     AudioFrame,
     ErrorEvent,
@@ -215,34 +216,44 @@ class Session:
         return (self.history[0], *self.history[1:][-limit:])
 
     async def _produce(self, reply: Reply, generation: int) -> None:
-        """Run LLM -> chunker -> TTS for the turn and fill the playout queue."""
+        """Run LLM -> chunker -> TTS for the turn and fill the playout queue; whatever happens, end
+        the queue, so the turn ends (failed, with an error event, if a stage raised)."""
         cfg = self.config
         turn = reply.turn
         request = ReplyRequest(turn.turn_id, self._prompt(), self.clock.now())
         text = llm_stage(_one(request), self.conversation, cfg.sampling, self.clock)
         phrases = chunk_stage(text, cfg.chunker, self.clock)
         audio = tts_stage(phrases, self.backends.tts, self.backends.tts_worker, self.output_rate, self.clock)
-        async with contextlib.aclosing(audio):
-            async for event in audio:
-                if generation != self.generation:
-                    return
-                if isinstance(event, ReplyText):
-                    turn.mark("llm_first_token", event.at)
-                    await self.outbound.send_event(event)
-                elif isinstance(event, Phrase):
-                    turn.mark("first_phrase", event.at)
-                    reply.ledger.add_phrase(event.index, event.text)
-                elif isinstance(event, ReplyAudio):
-                    turn.mark("tts_first_audio", event.at)
-                    reply.ledger.add_audio(event.phrase_index, len(event.samples))
-                    reply.queued_samples += len(event.samples)
-                    await reply.playout.put(event)
-                elif isinstance(event, ReplyFinished):
-                    reply.stats = event.stats
-                    if event.error:
-                        reply.error = event.error
-                        await self._apologize(reply)
-        await reply.playout.put(None)
+        try:
+            async with contextlib.aclosing(audio):
+                async for event in audio:
+                    if generation != self.generation:
+                        return
+                    if isinstance(event, ReplyText):
+                        turn.mark("llm_first_token", event.at)
+                        await self.outbound.send_event(event)
+                    elif isinstance(event, Phrase):
+                        turn.mark("first_phrase", event.at)
+                        reply.ledger.add_phrase(event.index, event.text)
+                    elif isinstance(event, ReplyAudio):
+                        turn.mark("tts_first_audio", event.at)
+                        reply.ledger.add_audio(event.phrase_index, len(event.samples))
+                        reply.queued_samples += len(event.samples)
+                        await reply.playout.put(event)
+                    elif isinstance(event, ReplyFinished):
+                        reply.stats = event.stats
+                        if event.error:
+                            reply.error = event.error
+                            await self._apologize(reply)
+        except Exception as exc:  # a stage failed mid-reply: the turn ends "failed", the call goes on
+            if generation == self.generation:
+                code = exc.code if isinstance(exc, VoiceAgentError) else "internal_error"
+                detail = f"{type(exc).__name__}: {exc}"
+                log.error("turn %d: the reply failed: %s", turn.turn_id, detail, exc_info=exc)
+                reply.error = f"{code}: {detail}"
+                await self.outbound.send_event(ErrorEvent(code, f"the reply failed: {detail}", turn.turn_id))
+        finally:
+            reply.playout.put_nowait(None)  # the player always learns that nothing more is coming
 
     async def _apologize(self, reply: Reply) -> None:
         """The LLM failed: say a short apology, unless reply audio was already queued (never fall

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import numpy as np
 
-from models.protocols import SamplingParams
+from models.protocols import Audio, SamplingParams
 from pipeline.clock import MonotonicClock
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
-from pipeline.events import AudioFrame, ResponseDone, SpeechStarted, TranscriptFinal
+from pipeline.events import AudioFrame, ErrorEvent, ResponseDone, SpeechStarted, TranscriptFinal
 from pipeline.session import Backends, PipelineConfig, Session
 from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad, RecordingOutbound
 
@@ -111,5 +112,42 @@ async def test_speculation_is_capped_while_far_ahead_of_playback() -> None:
     await out.wait(lambda: done_events(out), timeout=10)
     # 1.5 s of audio produced at once: capped while more than 0.8 s waited, released after
     assert llm.caps == [0, None]
+    await session.audio_in.put(None)
+    await task
+
+
+class FailingSynthesizer(FakeSynthesizer):
+    """A fake synthesizer that raises on its second phrase, mid-reply."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def synthesize(self, text: str) -> Iterator[Audio]:
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("the voice model crashed")
+        yield from super().synthesize(text)
+
+
+async def test_a_stage_that_raises_ends_the_turn_failed_and_the_call_goes_on() -> None:
+    llm = FakeLLM([STORY, "Yes, I am still here."])
+    session, out = make_session(llm, ["Tell me a story.", "Are you there?"])
+    tts = FailingSynthesizer()
+    session.backends = Backends(FakeVad(), session.backends.asr, tts, llm)
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    await out.wait(lambda: done_events(out), timeout=10)
+    first = done_events(out)[0]
+    errors = [e for e in out.events if isinstance(e, ErrorEvent)]
+    assert first.status == "failed"
+    assert errors and errors[0].turn_id == first.turn_id and "the voice model crashed" in errors[0].message
+    assert STORY.startswith(first.text)  # what was sent of the first phrase, no more
+
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    await out.wait(lambda: len(done_events(out)) == 2, timeout=10)
+    second = done_events(out)[1]
+    assert second.status == "completed" and second.text == "Yes, I am still here."
     await session.audio_in.put(None)
     await task
