@@ -10,6 +10,7 @@ stats. This is the same API vLLM serves, so the voice pipeline runs against eith
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -165,21 +166,28 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         conversation = runtime.backends.llm.conversation()  # type: ignore[union-attr]
         matcher = StopMatcher(stops)
         try:
-            async for out in conversation.stream(messages, params):
-                if isinstance(out, TextDelta):
-                    text = matcher.push(out.text)
-                    if text:
-                        yield text, None
-                    if matcher.stopped:
-                        out_stats = GenerationStats(finish_reason="stop")
-                        yield "", out_stats
-                        return
-                elif isinstance(out, GenerationDone):
-                    tail = matcher.flush()
-                    if tail:
-                        yield tail, None
-                    metrics.observe_generation(out.stats)
-                    yield "", out.stats
+            stream = conversation.stream(messages, params)
+            async with contextlib.aclosing(stream):  # a stop string ends the generation here and now
+                async for out in stream:
+                    if isinstance(out, TextDelta):
+                        text = matcher.push(out.text)
+                        if text:
+                            yield text, None
+                        if matcher.stopped:
+                            break
+                    elif isinstance(out, GenerationDone):
+                        tail = matcher.flush()
+                        if tail:
+                            yield tail, None
+                        metrics.observe_generation(out.stats)
+                        yield "", out.stats
+            if matcher.stopped:
+                # What the generation did up to the stop string: its real token counts and
+                # speculative statistics, where the backend keeps them.
+                stopped: GenerationStats = getattr(conversation, "last_stats", None) or GenerationStats()
+                stopped.finish_reason = "stop"
+                metrics.observe_generation(stopped)
+                yield "", stopped
         finally:
             await conversation.aclose()
 

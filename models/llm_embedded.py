@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Protocol
 
 from models.generation import Decoder, Detokenizer, GenerationLoop, PlainDecoder
@@ -92,6 +92,7 @@ class EmbeddedConversation:
         self.llm = llm
         self.decoding = decoding
         self.state: LMState | None = None
+        self.last_stats: GenerationStats | None = None  # the latest generation's, even one stopped early
 
     def _state(self) -> LMState:
         """The conversation's sequence, made on first use (on the worker thread)."""
@@ -116,7 +117,7 @@ class EmbeddedConversation:
         process's cache of it when it is the one computed before)."""
         await self.llm.worker.run(self._prepare, messages)
 
-    async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[LLMOutput]:
+    async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncGenerator[LLMOutput, None]:
         clock = self.llm.clock
         stats = GenerationStats()
         prompt = await self.llm.worker.run(self._prompt, messages)
@@ -126,15 +127,20 @@ class EmbeddedConversation:
         detok = Detokenizer(self.llm.lm)
         started = clock.now()
         first = True
-        while not loop.done:
-            result = await self.llm.worker.run(loop.step)
-            if first:
-                stats.time_to_first_token_ms = (clock.now() - started) * 1000
-                first = False
-            text = detok.push(result.tokens)
-            if text:
-                yield TextDelta(text)
-        stats.duration_ms = (clock.now() - started) * 1000
+        self.last_stats = stats
+        try:
+            while not loop.done:
+                result = await self.llm.worker.run(loop.step)
+                if first:
+                    stats.time_to_first_token_ms = (clock.now() - started) * 1000
+                    first = False
+                text = detok.push(result.tokens)
+                if text:
+                    yield TextDelta(text)
+        finally:  # also when the caller stops early (a stop string, a barge-in): the stats are real
+            stats.duration_ms = (clock.now() - started) * 1000
+            if not loop.done:
+                stats.finish_reason = "cancelled"
         yield GenerationDone(stats)
 
     def set_speculation_cap(self, cap: int | None) -> None:

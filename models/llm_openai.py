@@ -23,7 +23,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,7 +174,7 @@ class OpenAIConversation:
     async def aclose(self) -> None:
         """Nothing to release: the connection pool belongs to the OpenAIChatLLM."""
 
-    async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[LLMOutput]:
+    async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncGenerator[LLMOutput, None]:
         llm = self.llm
         started = llm.clock.now()
         attempts = 1 + llm.config.retries_before_first_token

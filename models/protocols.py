@@ -6,7 +6,7 @@ engine's own worker thread (see models/worker.py), never on the event loop.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -145,7 +145,7 @@ class Conversation(Protocol):
         """Optional head start: compute what can be computed before the caller has finished."""
         ...
 
-    def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[LLMOutput]:
+    def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncGenerator[LLMOutput, None]:
         """Stream the assistant's reply to `messages`: text deltas, then one GenerationDone.
         Closing the iterator early cancels the generation."""
         ...

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
@@ -22,12 +23,14 @@ async def llm_stage(
     async for request in requests:
         produced = False
         try:
-            async for output in conversation.stream(request.messages, params):
-                if isinstance(output, TextDelta):
-                    produced = True
-                    yield ReplyText(request.turn_id, output.text, clock.now())
-                elif isinstance(output, GenerationDone):
-                    yield ReplyFinished(request.turn_id, output.stats, clock.now())
+            # Closed with this stage (a barge-in): the generation stops at once, not when collected.
+            async with contextlib.aclosing(conversation.stream(request.messages, params)) as outputs:
+                async for output in outputs:
+                    if isinstance(output, TextDelta):
+                        produced = True
+                        yield ReplyText(request.turn_id, output.text, clock.now())
+                    elif isinstance(output, GenerationDone):
+                        yield ReplyFinished(request.turn_id, output.stats, clock.now())
         except VoiceAgentError as exc:
             log.warning("turn %d: LLM failed after %s text: %s", request.turn_id,
                         "some" if produced else "no", exc)

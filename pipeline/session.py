@@ -254,6 +254,9 @@ class Session:
                 await self.outbound.send_event(ErrorEvent(code, f"the reply failed: {detail}", turn.turn_id))
         finally:
             reply.playout.put_nowait(None)  # the player always learns that nothing more is coming
+            # Close the line from its end back to the LLM, so an abandoned generation stops now.
+            for stage in (audio, phrases, text):
+                await stage.aclose()
 
     async def _apologize(self, reply: Reply) -> None:
         """The LLM failed: say a short apology, unless reply audio was already queued (never fall

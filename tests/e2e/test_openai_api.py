@@ -59,6 +59,24 @@ def test_streaming_completion_ends_with_stats_and_done(server: Server) -> None:
     assert all(k <= 4 for k in final["usage"]["speculative_decoding"]["k_chosen"])
 
 
+def test_a_stop_string_ends_the_generation_with_its_real_usage(server: Server) -> None:
+    """The reply is cut at the stop string, the generation ends there, and usage reports what was
+    generated up to it (tokens and speculative statistics), not zeros."""
+    body = {"messages": [{"role": "user", "content": ORDER}], "temperature": 0, "max_tokens": 60,
+            "stop": ["garlic"], "speculative": {"method": "ngram", "num_speculative_tokens": 4}}
+    reply = post(server, body)
+    assert reply.status_code == 200, reply.text
+    data = reply.json()
+    text = data["choices"][0]["message"]["content"]
+    assert data["choices"][0]["finish_reason"] == "stop"
+    assert "garlic" not in text and "pepperoni" in text.lower()
+    usage = data["usage"]
+    spec = usage["speculative_decoding"]
+    assert 0 < usage["completion_tokens"] < 60 and usage["prompt_tokens"] > 0
+    assert spec["completion_tokens"] == usage["completion_tokens"] and spec["method"] == "ngram"
+    assert spec["drafts"] > 0 and spec["finish_reason"] == "stop"
+
+
 @pytest.mark.parametrize(("body", "status", "code"), [
     ({"messages": []}, 400, "invalid_request"),
     ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-9"}, 404, "model_not_found"),
