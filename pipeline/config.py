@@ -38,6 +38,9 @@ class SessionConfig(BaseModel):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     max_instructions_chars: int = Field(4000, ge=0)
     max_history_messages: int = Field(24, ge=2, description="older turns are dropped from the prompt")
+    history_drop_block: int = Field(
+        12, ge=1, description="older messages are dropped this many at a time, so the prompt's start (and the "
+        "LLM's cache of it) stays the same for that many messages; 1 slides the window every turn")
     output_chunk_ms: int = Field(40, ge=10, le=500, description="reply audio per binary frame")
     output_lead_ms: int = Field(300, ge=0, description="how far reply audio may run ahead of real time")
     apology: str = "Sorry, I'm having trouble answering right now. Could you say that again?"

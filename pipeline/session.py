@@ -55,6 +55,7 @@ from pipeline.events import (
     TranscriptFinal,
     TranscriptPartial,
 )
+from pipeline.history import prompt_window
 from pipeline.llm_stage import llm_stage
 from pipeline.tts_stage import tts_stage
 from pipeline.turns import PhraseLedger, Turn
@@ -212,8 +213,9 @@ class Session:
         ]
 
     def _prompt(self) -> tuple[ChatMessage, ...]:
-        limit = self.config.session.max_history_messages
-        return (self.history[0], *self.history[1:][-limit:])
+        cfg = self.config.session
+        return prompt_window(self.history, cfg.max_history_messages,
+                             min(cfg.history_drop_block, cfg.max_history_messages))
 
     async def _produce(self, reply: Reply, generation: int) -> None:
         """Run LLM -> chunker -> TTS for the turn and fill the playout queue; whatever happens, end
