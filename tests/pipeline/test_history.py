@@ -4,6 +4,7 @@ prompt stays usable between blocks (checked on the engine itself, a tiny real mo
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 from models.llm_embedded import EmbeddedLLM
 from models.protocols import ChatMessage, GenerationDone, SamplingParams
@@ -27,7 +28,7 @@ def test_the_window_keeps_at_most_the_limit_and_moves_in_blocks() -> None:
         assert window[0] == history[0] and len(window) - 1 <= 8
         assert window[1].role == "user"
         starts.append(history.index(window[1]) if len(history) > 9 else 1)
-    moves = sum(1 for a, b in zip(starts, starts[1:], strict=False) if a != b)
+    moves = sum(1 for a, b in itertools.pairwise(starts) if a != b)
     assert moves == (len(call(39)) - 1 - 8 + 3) // 4  # once every block of 4 messages, not every turn
     assert prompt_window(call(20), 8, 1)[1:] == tuple(call(20)[-8:])  # block 1: a sliding window
 
