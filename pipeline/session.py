@@ -276,30 +276,34 @@ class Session:
             await reply.playout.put(ReplyAudio(reply.turn.turn_id, -1, audio, self.clock.now()))
 
     async def _play(self, reply: Reply, generation: int) -> None:
-        """Send the playout queue's audio in fixed chunks, at most `output_lead_ms` ahead of real time."""
+        """Send the playout queue's audio in fixed chunks, paced by a virtual playhead: where the
+        caller's playback will be once everything sent so far has played. A chunk starts playing at
+        max(playhead, now) (after a gap in the reply, playback starts again from now) and is sent
+        no earlier than `output_lead_ms` before it starts, so "sent" never runs more than the lead
+        (and a chunk) ahead of "heard", also after the pauses a slow LLM leaves between phrases."""
         cfg = self.config.session
+        lead = cfg.output_lead_ms / 1000
         chunk = max(1, self.output_rate * cfg.output_chunk_ms // 1000)
-        started: float | None = None
-        sent_s = 0.0
+        playhead: float | None = None
         relaxed = False
         while (item := await reply.playout.get()) is not None:
             for start in range(0, len(item.samples), chunk):
                 piece = item.samples[start:start + chunk]
-                if started is not None:
-                    ahead = sent_s - (self.clock.now() - started) - cfg.output_lead_ms / 1000
-                    if ahead > 0:
-                        await self.clock.sleep(ahead)
+                duration = len(piece) / self.output_rate
+                now = self.clock.now()
+                begins = max(playhead if playhead is not None else now, now)
+                if begins - lead > now:
+                    await self.clock.sleep(begins - lead - now)
                 if generation != self.generation:
                     return
                 await self.outbound.send_audio(float_to_pcm16(piece))
-                if started is None:
-                    started = self.clock.now()
-                    reply.turn.mark("first_audio_sent", started)
-                sent_s += len(piece) / self.output_rate
+                if playhead is None:
+                    reply.turn.mark("first_audio_sent", self.clock.now())
+                playhead = begins + duration
                 reply.ledger.add_sent(item.phrase_index, len(piece))
                 reply.queued_samples -= len(piece)
                 # The TTS token-rate budget: far ahead of playback, speculation buys nothing.
-                ahead = reply.queued_samples / self.output_rate + sent_s - (self.clock.now() - started)
+                ahead = reply.queued_samples / self.output_rate + (playhead - self.clock.now())
                 if (ahead > cfg.speculation_relax_s) != relaxed:
                     relaxed = not relaxed
                     self.conversation.set_speculation_cap(0 if relaxed else None)

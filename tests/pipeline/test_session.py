@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import numpy as np
 
-from models.protocols import Audio, SamplingParams
+from models.protocols import Audio, ChatMessage, LLMOutput, SamplingParams, TextDelta
 from pipeline.clock import MonotonicClock
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
 from pipeline.events import AudioFrame, ErrorEvent, ResponseDone, SpeechStarted, TranscriptFinal
 from pipeline.session import Backends, PipelineConfig, Session
-from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad, RecordingOutbound
+from tests.pipeline.fakes import (
+    FakeConversation,
+    FakeLLM,
+    FakeRecognizer,
+    FakeSynthesizer,
+    FakeVad,
+    RecordingOutbound,
+)
 
 STORY = ("Once upon a time, a little dragon lived in a cave by the sea. Every morning she flew over the "
          "waves. One day she found a lost ship and guided it home. The sailors cheered and sang for her.")
@@ -149,5 +158,61 @@ async def test_a_stage_that_raises_ends_the_turn_failed_and_the_call_goes_on() -
     await out.wait(lambda: len(done_events(out)) == 2, timeout=10)
     second = done_events(out)[1]
     assert second.status == "completed" and second.text == "Yes, I am still here."
+    await session.audio_in.put(None)
+    await task
+
+
+class PausingLLM(FakeLLM):
+    """A fake LLM that stops for `pause` seconds after its first sentence, as a slow CPU does
+    between phrases."""
+
+    def __init__(self, first: str, second: str, pause: float) -> None:
+        super().__init__([first + " " + second])
+        self.first_words, self.pause = len(first.split()), pause
+
+    def conversation(self) -> FakeConversation:
+        llm = self
+
+        class Pausing(FakeConversation):
+            async def stream(self, messages: Sequence[ChatMessage],
+                             params: SamplingParams) -> AsyncIterator[LLMOutput]:
+                i = 0
+                async for out in super().stream(messages, params):
+                    if isinstance(out, TextDelta):
+                        i += 1
+                        if i == llm.first_words + 2:  # phrase 1 is out once a word follows it
+                            await asyncio.sleep(llm.pause)
+                    yield out
+
+        return Pausing(self)
+
+
+class TimedOutbound(RecordingOutbound):
+    def __init__(self) -> None:
+        super().__init__()
+        self.audio_at: list[float] = []
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        self.audio_at.append(time.monotonic())
+        await super().send_audio(pcm16)
+
+
+async def test_after_a_pause_between_phrases_audio_is_paced_not_burst() -> None:
+    """Phrase 1 (0.2 s of audio) plays out; the LLM pauses 1 s; phrase 2 (0.6 s) must then go out
+    at playback speed from the moment it is ready, not in a burst that makes "sent" run ahead of
+    "heard" by the length of the pause."""
+    llm = PausingLLM("Hello there.", "Here are six more words now.", pause=1.0)
+    session, _ = make_session(llm, ["Hi."])
+    out = TimedOutbound()
+    session.outbound = out
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    await out.wait(lambda: done_events(out), timeout=10)
+    gaps = [b - a for a, b in itertools.pairwise(out.audio_at)]
+    pause_at = max(range(len(gaps)), key=lambda i: gaps[i])  # the LLM's pause
+    second = out.audio_at[pause_at + 1:]
+    assert len(second) == 30  # 0.6 s in 20 ms chunks
+    assert second[-1] - second[0] >= 0.5, f"phrase 2 went out in {second[-1] - second[0]:.3f} s"
     await session.audio_in.put(None)
     await task
