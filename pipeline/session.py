@@ -136,6 +136,8 @@ class Session:
         self.reply: Reply | None = None
         self.generation = 0  # bumped by every barge-in and every new reply
         self.preparing: asyncio.Task[None] | None = None  # the LLM's head start on the next prompt
+        self.last_started = 0  # the turn id of the caller's latest speech
+        self.held: list[str] = []  # final transcripts that came after the caller went on speaking
 
     # -- the input line --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -161,6 +163,7 @@ class Session:
 
     async def _on_input(self, event: InputEvent) -> None:
         if isinstance(event, SpeechStarted):
+            self.last_started = max(self.last_started, event.turn_id)
             await self.outbound.send_event(event)
             if self.reply is not None:
                 log.info("turn %d: barge-in", self.reply.turn.turn_id)
@@ -178,8 +181,19 @@ class Session:
         if isinstance(event, TranscriptFinal):
             turn = self.turns.setdefault(event.turn_id, Turn(event.turn_id))
             turn.mark("asr_final", event.at)
-            if event.text.strip():
-                await self._start_reply(turn, event.text.strip())
+            text = event.text.strip()
+            if self.last_started > event.turn_id:
+                # The caller started talking again before this transcript was ready: never answer
+                # over them. What they said joins the turn they went on with.
+                if text:
+                    log.info("turn %d: final transcript after the caller went on; joins turn %d",
+                             event.turn_id, self.last_started)
+                    self.held.append(text)
+                self.turns.pop(event.turn_id, None)
+            elif text or self.held:
+                text = " ".join([*self.held, text]).strip()
+                self.held.clear()
+                await self._start_reply(turn, text)
             else:
                 self.turns.pop(event.turn_id, None)
 

@@ -216,3 +216,34 @@ async def test_after_a_pause_between_phrases_audio_is_paced_not_burst() -> None:
     assert second[-1] - second[0] >= 0.5, f"phrase 2 went out in {second[-1] - second[0]:.3f} s"
     await session.audio_in.put(None)
     await task
+
+
+class SlowRecognizer(FakeRecognizer):
+    """A fake recognizer that takes `seconds` per transcript (on the ASR worker thread)."""
+
+    def __init__(self, finals: list[str], seconds: float) -> None:
+        super().__init__(finals)
+        self.seconds = seconds
+
+    def transcribe(self, audio: Audio) -> str:
+        time.sleep(self.seconds)
+        return super().transcribe(audio)
+
+
+async def test_a_final_transcript_that_comes_while_the_caller_speaks_again_joins_the_next_turn() -> None:
+    llm = FakeLLM(["A table for two, booked."])
+    session, out = make_session(llm, [])
+    session.backends = Backends(FakeVad(), SlowRecognizer(["Book a table.", "For two, please."], 0.5),
+                                FakeSynthesizer(), llm)
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.3, False)  # the turn ends; its transcript takes 0.5 s
+    await speak(session, 0.5, True)  # ... and the caller goes on meanwhile
+    await speak(session, 0.5, False)
+    await out.wait(lambda: done_events(out), timeout=10)
+    await asyncio.sleep(0.3)
+    assert [m.content for m in llm.requests[0][1:]] == ["Book a table. For two, please."]
+    assert len(llm.requests) == 1 and len(done_events(out)) == 1
+    assert done_events(out)[0].status == "completed"
+    await session.audio_in.put(None)
+    await task
