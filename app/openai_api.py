@@ -15,8 +15,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from typing import Annotated, Any, Literal
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.runtime import Runtime
 from models.protocols import ChatMessage, GenerationDone, GenerationStats, SamplingParams, Speculation, TextDelta
-from pipeline.errors import VoiceAgentError
+from pipeline.errors import ContextLengthError, VoiceAgentError
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -81,6 +81,15 @@ def usage(stats: GenerationStats) -> dict[str, Any]:
         "total_tokens": stats.prompt_tokens + stats.completion_tokens,
         "speculative_decoding": stats.as_dict(),
     }
+
+
+T = TypeVar("T")
+
+
+async def _prepend(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    yield first
+    async for item in rest:
+        yield item
 
 
 class StopMatcher:
@@ -146,6 +155,13 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
                            "llm.speculative.method=draft_model at start-up", "invalid_request_error",
                       "speculation_unavailable")
 
+    limit = runtime.settings.server.max_api_requests
+    if runtime.api_requests >= limit:
+        response = _error(429, f"{limit} generations are in progress (server.max_api_requests); try again shortly",
+                          "rate_limit_error", "too_many_requests")
+        response.headers["Retry-After"] = "1"
+        return response
+
     llm_cfg = runtime.settings.llm
     k = body.speculative.num_speculative_tokens if body.speculative else None
     params = SamplingParams(
@@ -162,7 +178,10 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
     created = int(time.time())
     metrics = runtime.metrics
 
-    async def events() -> AsyncIterator[tuple[str, GenerationStats | None]]:
+    async def events() -> AsyncGenerator[tuple[str, GenerationStats | None], None]:
+        # Counted from here to this generator's end, however it ends: finished, closed by the
+        # response, or finalized by the event loop when a client vanished before the body started.
+        runtime.api_requests += 1
         conversation = runtime.backends.llm.conversation()  # type: ignore[union-attr]
         matcher = StopMatcher(stops)
         try:
@@ -189,7 +208,14 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
                 metrics.observe_generation(stopped)
                 yield "", stopped
         finally:
+            runtime.api_requests -= 1
             await conversation.aclose()
+
+    def failure(exc: VoiceAgentError) -> JSONResponse:
+        metrics.api_requests.labels("error").inc()
+        if isinstance(exc, ContextLengthError):
+            return _error(400, str(exc), "invalid_request_error", exc.code)
+        return _error(502 if exc.retryable else 500, str(exc), "server_error", exc.code)
 
     if not body.stream:
         text, stats = [], GenerationStats()
@@ -199,8 +225,7 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
                 if final is not None:
                     stats = final
         except VoiceAgentError as exc:
-            metrics.api_requests.labels("error").inc()
-            return _error(502 if exc.retryable else 500, str(exc), "server_error", exc.code)
+            return failure(exc)
         metrics.api_requests.labels("completed").inc()
         return JSONResponse({
             "id": completion_id, "object": "chat.completion", "created": created, "model": served,
@@ -220,15 +245,26 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
             data["usage"] = usage(stats)
         return f"data: {json.dumps(data)}\n\n"
 
+    # The first piece is awaited before the response starts, so that a request the model refuses
+    # (a prompt over the context) gets its 4xx status rather than an error inside a 200 stream.
+    pieces = events()
+    try:
+        first: tuple[str, GenerationStats | None] | None = await anext(pieces)
+    except StopAsyncIteration:
+        first = None
+    except VoiceAgentError as exc:
+        return failure(exc)
+
     async def sse() -> AsyncIterator[str]:
         finished = False
         try:
             yield chunk({"role": "assistant", "content": ""})
-            async for piece, final in events():
-                if piece:
-                    yield chunk({"content": piece})
-                if final is not None:
-                    yield chunk({}, final.finish_reason, final)
+            if first is not None:
+                async for piece, final in _prepend(first, pieces):
+                    if piece:
+                        yield chunk({"content": piece})
+                    if final is not None:
+                        yield chunk({}, final.finish_reason, final)
             yield "data: [DONE]\n\n"
             finished = True
             metrics.api_requests.labels("completed").inc()
@@ -238,6 +274,7 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
             yield f"data: {json.dumps(error)}\n\n"
             finished = True
         finally:
+            await pieces.aclose()
             if not finished:  # the client went away mid-stream: the generation was cancelled
                 metrics.api_requests.labels("aborted").inc()
                 log.info("%s: client disconnected; generation aborted", completion_id)

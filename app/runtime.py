@@ -30,6 +30,7 @@ class Runtime:
     load_error: str | None = None
     status: str = "starting"
     sessions: set[str] = field(default_factory=set)
+    api_requests: int = 0  # generations in progress through /v1
     metrics: Metrics = field(default_factory=Metrics)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     vllm_metrics: VllmMetricsPoller | None = None

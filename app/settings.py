@@ -31,6 +31,8 @@ class ServerConfig(BaseModel):
     max_audio_backlog_ms: int = Field(5000, ge=100, description="audio queued ahead of the pipeline; more is dropped")
     max_protocol_errors: int = Field(50, ge=1, description="a session is closed after this many bad messages")
     send_timeout_s: float = Field(10.0, gt=0, description="a caller that reads nothing this long is dropped")
+    max_api_requests: int = Field(
+        4, ge=1, description="concurrent generations through /v1/chat/completions; more get 429 with Retry-After")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 from models.generation import Decoder, Detokenizer, GenerationLoop, PlainDecoder
@@ -14,6 +15,7 @@ from models.lm import CausalLM, LMState
 from models.protocols import ChatMessage, GenerationDone, GenerationStats, LLMOutput, SamplingParams, TextDelta
 from models.worker import ModelWorker
 from pipeline.clock import Clock
+from pipeline.errors import ContextLengthError
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +62,9 @@ class EmbeddedLLM:
     """LanguageModel on the embedded engine."""
 
     def __init__(self, lm: CausalLM, clock: Clock, strategy: DecodingStrategy | None = None,
-                 worker: ModelWorker | None = None) -> None:
+                 worker: ModelWorker | None = None, max_context_tokens: int = 4096) -> None:
         self.lm = lm
+        self.max_context_tokens = max_context_tokens
         self.clock = clock
         self.strategy: DecodingStrategy = strategy or PlainStrategy(lm)
         self.worker = worker or ModelWorker("llm", priority="background")
@@ -121,6 +124,11 @@ class EmbeddedConversation:
         clock = self.llm.clock
         stats = GenerationStats()
         prompt = await self.llm.worker.run(self._prompt, messages)
+        limit = self.llm.max_context_tokens
+        if len(prompt) + 1 > limit:
+            raise ContextLengthError(f"the prompt has {len(prompt)} tokens; this model's context holds {limit} "
+                                     "(llm.max_context_tokens): shorten the messages")
+        params = replace(params, max_tokens=min(params.max_tokens, limit - len(prompt)))
         state = await self.llm.worker.run(self._state)
         decoder = self.decoding.decoder(state, params, stats)
         loop = GenerationLoop(self.llm.lm, decoder, prompt, params, stats)

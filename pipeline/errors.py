@@ -61,6 +61,12 @@ class EngineError(VoiceAgentError):
     code = "engine_error"
 
 
+class ContextLengthError(EngineError):
+    """A prompt longer than the model's configured context (llm.max_context_tokens)."""
+
+    code = "context_length_exceeded"
+
+
 class LLMUnavailableError(EngineError):
     """A remote LLM server could not be reached, refused, or stopped answering."""
 

@@ -4,6 +4,7 @@ speculative decoding choice per request and its stats in the final chunk."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -88,3 +89,40 @@ def test_bad_requests_get_openai_style_errors(server: Server, body: dict, status
     reply = post(server, body)
     assert reply.status_code == status
     assert reply.json()["error"]["code"] == code
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_prompt_over_the_context_gets_a_400(server: Server, stream: bool) -> None:
+    long = " ".join(f"word{i}" for i in range(5000))  # well over llm.max_context_tokens (4096)
+    reply = post(server, {"messages": [{"role": "user", "content": long}], "max_tokens": 8, "stream": stream})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "context_length_exceeded" and "llm.max_context_tokens" in error["message"]
+
+
+def test_generations_beyond_max_api_requests_get_429_and_slots_come_back(server: Server) -> None:
+    body = {"messages": [{"role": "user", "content": "Write the numbers from 1 to 500, separated by commas."}],
+            "max_tokens": 400, "temperature": 0, "stream": True, "speculative": {"method": "off"}}
+    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+        streams, readers = [], []
+        try:
+            for _ in range(4):  # server.max_api_requests, by default
+                response = client.send(client.build_request("POST", "/v1/chat/completions", json=body), stream=True)
+                assert response.status_code == 200
+                streams.append(response)
+                readers.append(response.iter_lines())  # kept: a dropped reader closes its response
+                next(readers[-1])  # generating
+            refused = client.post("/v1/chat/completions", json={**body, "stream": False, "max_tokens": 4})
+            assert refused.status_code == 429, refused.text
+            assert refused.headers["Retry-After"] == "1"
+            assert refused.json()["error"]["code"] == "too_many_requests"
+        finally:
+            for response in streams:
+                response.close()  # the client goes away mid-stream
+    deadline = time.monotonic() + 20
+    while True:  # the aborted generations give their slots back
+        again = post(server, {**body, "stream": False, "max_tokens": 4})
+        if again.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert again.status_code == 200, again.text
