@@ -82,6 +82,12 @@ class LlmConfig(BaseModel):
         "so a stalled server is given up on quickly and the caller hears an apology")
     retries_before_first_token: int = Field(
         default=1, ge=0, le=5, description="retries of a request that failed before any text arrived (never after)")
+    retry_backoff_s: float = Field(
+        default=0.1, ge=0, description="wait before the first retry, doubled for each next one; a server's "
+        "Retry-After (on 429 and 503) replaces it")
+    retry_max_wait_s: float = Field(
+        default=1.0, ge=0, description="the longest wait before a retry: a caller is waiting, so a server that asks "
+        "for longer is not retried and the caller hears the apology at once")
     vllm_metrics_url: str = Field(
         default="", description="vLLM's Prometheus endpoint (e.g. http://vllm:8000/metrics): its speculative-decoding "
                         "acceptance is re-exported at /metrics; empty: not read")

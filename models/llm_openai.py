@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
+import email.utils
 import json
 import logging
 import os
@@ -142,7 +144,9 @@ class OpenAIChatLLM:
             hint = "check the server's logs and load"
         message = (f"the LLM server at {self.base_url} answered {status} to {response.request.method} "
                    f"{response.request.url.path}: {detail}" + (f"; {hint}" if hint else ""))
-        return LLMUnavailableError(message) if status >= 500 or status == 429 else EngineError(message)
+        if status >= 500 or status == 429:
+            return LLMUnavailableError(message, retry_after=_retry_after(response.headers.get("retry-after")))
+        return EngineError(message)
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
@@ -189,8 +193,16 @@ class OpenAIConversation:
             except LLMUnavailableError as exc:
                 if progress.text_sent or attempt == attempts:
                     raise
-                log.warning("LLM request failed before its first token (attempt %d of %d), retrying: %s",
-                            attempt, attempts, exc)
+                config = llm.config
+                wait = exc.retry_after if exc.retry_after is not None else config.retry_backoff_s * 2 ** (attempt - 1)
+                if wait > config.retry_max_wait_s:
+                    if exc.retry_after is None:
+                        wait = config.retry_max_wait_s
+                    else:  # the server asks for longer than a caller can wait: not retried
+                        raise
+                log.warning("LLM request failed before its first token (attempt %d of %d), retrying in %.2f s: %s",
+                            attempt, attempts, wait, exc)
+                await llm.clock.sleep(wait)
 
     async def _attempt(self, messages: Sequence[ChatMessage], params: SamplingParams, started: float,
                        stats: GenerationStats, progress: _Progress) -> AsyncGenerator[LLMOutput, None]:
@@ -345,3 +357,19 @@ def _apply_usage(stats: GenerationStats, usage: dict[str, Any] | None, deltas: i
         stats.accepted_tokens = int(spec.get("accepted_tokens") or 0)
         stats.accepted_per_position = [int(n) for n in spec.get("accepted_per_position") or []]
         stats.k_chosen = [int(k) for k in spec.get("k_chosen") or []]
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A Retry-After header in seconds (delta-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    now = datetime.datetime.now(when.tzinfo or datetime.UTC)
+    return max(0.0, (when - now).total_seconds())

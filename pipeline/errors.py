@@ -68,10 +68,15 @@ class ContextLengthError(EngineError):
 
 
 class LLMUnavailableError(EngineError):
-    """A remote LLM server could not be reached, refused, or stopped answering."""
+    """A remote LLM server could not be reached, refused, or stopped answering. `retry_after`: the
+    seconds the server asked to wait (its Retry-After header), when it said."""
 
     code = "llm_unavailable"
     retryable = True
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class ProtocolError(VoiceAgentError):

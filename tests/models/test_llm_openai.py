@@ -464,3 +464,45 @@ async def test_stopping_mid_stream_aborts_the_generation_on_the_server(real_serv
     assert real_server.log().count("client disconnected; generation aborted") == aborted_lines + 1
     await llm.aclose()
 
+
+
+@pytest.mark.parametrize(("headers", "waits"), [
+    ("retry-after: 0.4\r\n", 0.4),  # the server says how long: honoured
+    ("", 0.2),  # it does not: the backoff (llm.retry_backoff_s)
+])
+async def test_a_retry_waits_as_the_server_asks_or_backs_off(headers: str, waits: float) -> None:
+    times: list[float] = []
+
+    async def script(ex: Exchange, n: int) -> None:
+        times.append(time.monotonic())
+        if n == 1:
+            body = json.dumps({"error": {"message": "busy"}}).encode()
+            await ex.send(f"HTTP/1.1 429 X\r\ncontent-type: application/json\r\n{headers}"
+                          f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+        else:
+            await whole_reply(ex)
+
+    fake = FakeLLMServer(script)
+    async with fake.running():
+        llm = make_llm(fake.base_url, retries_before_first_token=1, retry_backoff_s=0.2)
+        outputs = await collect(llm)
+        await llm.aclose()
+    assert isinstance(outputs[-1], GenerationDone) and len(times) == 2
+    assert waits <= times[1] - times[0] < waits + 0.3
+
+
+async def test_a_server_that_asks_for_a_long_wait_is_not_retried() -> None:
+    async def script(ex: Exchange, n: int) -> None:
+        body = json.dumps({"error": {"message": "overloaded"}}).encode()
+        await ex.send(b"HTTP/1.1 503 X\r\ncontent-type: application/json\r\nretry-after: 30\r\n"
+                      + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+
+    fake = FakeLLMServer(script)
+    async with fake.running():
+        llm = make_llm(fake.base_url, retries_before_first_token=2, retry_max_wait_s=1.0)
+        started = time.monotonic()
+        with pytest.raises(LLMUnavailableError) as caught:
+            await collect(llm)
+        await llm.aclose()
+    assert caught.value.retry_after == 30 and len(fake.posts()) == 1
+    assert time.monotonic() - started < 1.0  # the caller hears the apology now, not in 30 s
