@@ -62,12 +62,11 @@ def _load_torch(config: LlmConfig, refs: list[str], threads: int,
     dtype = str(choose_dtype(config.dtype)).removeprefix("torch.")
     # int8 models keep float32 embeddings, norms and KV caches: estimating them as float32 errs safe
     estimate_dtype = "float32" if config.quantize != "none" else dtype
-    local = [p for p in paths if Path(p).is_dir()]
-    if local:
-        total = check_memory([footprint(p, estimate_dtype) for p in local], context_tokens=config.max_context_tokens,
-                             sequences=sequences, budget_gb=config.speculative.memory_budget_gb)
-        log.info("memory estimate %.2f GiB within the %.1f GiB budget", total / (1 << 30),
-                 config.speculative.memory_budget_gb)
+    # Folders and Hugging Face ids alike (an id's config comes from the hub).
+    total = check_memory([footprint(p, estimate_dtype) for p in paths], context_tokens=config.max_context_tokens,
+                         sequences=sequences, budget_gb=config.speculative.memory_budget_gb)
+    log.info("memory estimate %.2f GiB within the %.1f GiB budget", total / (1 << 30),
+             config.speculative.memory_budget_gb)
     quantize: str = config.quantize
     if quantize == "auto":
         quantize = choose_quantization(paths[0], dtype=config.dtype, threads=threads)

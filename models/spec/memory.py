@@ -22,12 +22,22 @@ class ModelFootprint:
 
 
 def footprint(path: str, dtype: str) -> ModelFootprint:
-    """From a model folder's config.json (and its safetensors size, when present)."""
+    """From a model folder's config.json (and its safetensors size, when present), or for a Hugging
+    Face id from its config on the hub (counting the parameters a decoder of that shape has)."""
     folder = Path(path)
     config_file = folder / "config.json"
-    if not config_file.is_file():
+    if config_file.is_file():
+        cfg = json.loads(config_file.read_text())
+    elif not folder.exists() and not path.startswith((".", "/", "~")):
+        try:
+            from transformers import AutoConfig
+
+            cfg = AutoConfig.from_pretrained(path).to_dict()
+        except Exception as exc:
+            raise MemoryBudgetError(f"cannot estimate the memory of {path!r}: its config could not be read "
+                                    f"({type(exc).__name__}: {exc})") from exc
+    else:
         raise MemoryBudgetError(f"cannot estimate the memory of {path!r}: no config.json there")
-    cfg = json.loads(config_file.read_text())
     width = BYTES.get(dtype, 4)
     layers = int(cfg["num_hidden_layers"])
     heads = int(cfg["num_attention_heads"])
@@ -46,14 +56,35 @@ def footprint(path: str, dtype: str) -> ModelFootprint:
     return ModelFootprint(path, weights, kv_per_token)
 
 
-def available_memory() -> int | None:
+def available_memory(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
+    """The memory this process can still take: the machine's available memory, or less where a
+    container's cgroup limit (v2 memory.max, or v1 memory.limit_in_bytes) leaves less."""
+    free: int | None = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    free = int(line.split()[1]) * 1024
     except OSError:
-        return None
+        pass
+    room = cgroup_room(cgroup_root)
+    if room is not None:
+        free = room if free is None else min(free, room)
+    return free
+
+
+def cgroup_room(root: str = "/sys/fs/cgroup") -> int | None:
+    """Limit minus usage of this process's memory cgroup, or None where there is no limit."""
+    for limit_file, usage_file in (("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            limit = Path(root, limit_file).read_text().strip()
+            usage = int(Path(root, usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:  # v1 says "no limit" with a huge number
+            return None
+        return max(0, int(limit) - usage)
     return None
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from models.spec.decoder import SpeculativeStrategy
-from models.spec.memory import GIB, check_memory, footprint
+from models.spec.memory import GIB, available_memory, cgroup_room, check_memory, footprint
 from pipeline.clock import MonotonicClock
 from pipeline.errors import IncompatibleModelsError, MemoryBudgetError
 from tests.models.tiny import tiny_lm
@@ -50,3 +50,27 @@ def test_a_pair_over_the_budget_is_refused_with_the_numbers(tmp_path: Path) -> N
     assert "ngram" in str(info.value)  # says what to do
     with pytest.raises(MemoryBudgetError, match="KV caches"):
         check_memory([target, draft], context_tokens=32768, sequences=64, budget_gb=8.0)
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_a_containers_memory_limit_bounds_what_is_free(tmp_path: Path, version: str) -> None:
+    """Inside a container /proc/meminfo shows the host's memory; the cgroup limit is what counts."""
+    if version == "v2":
+        (tmp_path / "memory.max").write_text(f"{2 * GIB}\n")
+        (tmp_path / "memory.current").write_text(f"{GIB // 2}\n")
+    else:
+        (tmp_path / "memory").mkdir()
+        (tmp_path / "memory" / "memory.limit_in_bytes").write_text(f"{2 * GIB}\n")
+        (tmp_path / "memory" / "memory.usage_in_bytes").write_text(f"{GIB // 2}\n")
+    assert cgroup_room(str(tmp_path)) == GIB + GIB // 2
+    free = available_memory(str(tmp_path))
+    assert free is not None and free <= GIB + GIB // 2
+    (tmp_path / "unlimited").mkdir()
+    (tmp_path / "unlimited" / "memory.max").write_text("max\n")
+    (tmp_path / "unlimited" / "memory.current").write_text("123\n")
+    assert cgroup_room(str(tmp_path / "unlimited")) is None
+
+
+def test_a_folder_without_a_config_is_refused_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(MemoryBudgetError, match=r"no config\.json"):
+        footprint(str(tmp_path), "float32")
