@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from pipeline.errors import VoiceAgentError
+from core.errors import VoiceAgentError
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -17,7 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from app import openai_api, ws_native
 from app.runtime import Runtime
 from app.settings import Settings
-from pipeline.clock import Clock, MonotonicClock
+from core.clock import Clock, MonotonicClock
 from pipeline.session import Backends
 
 log = logging.getLogger(__name__)

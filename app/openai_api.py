@@ -23,8 +23,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.runtime import Runtime
+from core.errors import ContextLengthError, VoiceAgentError
 from models.protocols import ChatMessage, GenerationDone, GenerationStats, SamplingParams, Speculation, TextDelta
-from pipeline.errors import ContextLengthError, VoiceAgentError
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -12,10 +12,10 @@ import numpy as np
 
 from app.metrics import Metrics
 from app.settings import Settings
+from core.clock import Clock
+from core.errors import VoiceAgentError
 from models import registry
 from models.vllm_metrics import VllmMetricsPoller
-from pipeline.clock import Clock
-from pipeline.errors import VoiceAgentError
 from pipeline.events import ResponseDone
 from pipeline.session import Backends, PipelineConfig
 

@@ -15,10 +15,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from core.errors import ConfigError
 from models.config import AsrConfig, LlmConfig, TtsConfig, VadConfig
 from models.protocols import SamplingParams
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
-from pipeline.errors import ConfigError
 
 
 class ServerConfig(BaseModel):

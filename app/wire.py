@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from core.errors import ProtocolError
 from pipeline.audio import SUPPORTED_INPUT_RATES
-from pipeline.errors import ProtocolError
 from pipeline.events import (
     ErrorEvent,
     OutEvent,

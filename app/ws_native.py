@@ -21,8 +21,8 @@ from starlette.websockets import WebSocketState
 from app.metrics import Metrics
 from app.runtime import Runtime
 from app.wire import SessionEnd, SessionStart, error_json, event_json, parse_client_text
+from core.errors import ProtocolError
 from pipeline.audio import StreamResampler, pcm16_to_float
-from pipeline.errors import ProtocolError
 from pipeline.events import AudioFrame, OutEvent
 from pipeline.session import Session
 

@@ -27,13 +27,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.client import read_wav
+from core.clock import MonotonicClock
+from core.worker import ModelWorker
 from models import cpu
 from models.config import AsrConfig, LlmConfig, SpeculativeConfig
 from models.llm_factory import load_embedded
 from models.protocols import ChatMessage, GenerationDone, SamplingParams
 from models.registry import load_asr
-from models.worker import ModelWorker
-from pipeline.clock import MonotonicClock
 from tests.speech import espeak_wav
 
 QUESTION = "Could you book me a table for four people at seven thirty tonight, please?"

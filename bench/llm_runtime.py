@@ -25,12 +25,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.clock import MonotonicClock
 from models import cpu
 from models.generation import GenerationLoop
 from models.lm import CausalLM
 from models.protocols import GenerationStats, SamplingParams, Speculation
-from models.spec.decoder import SpecSession, SpeculativeStrategy
-from pipeline.clock import MonotonicClock
+from models.speculative.decoder import SpecSession, SpeculativeStrategy
 
 MODELS = ("qwen2.5-0.5b-instruct", "qwen2.5-1.5b-instruct")
 PASSES = (1, 2, 3, 5, 9)

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 from llm_runtime import load  # bench/llm_runtime.py, beside this script
 
+from core.clock import MonotonicClock
 from models import cpu
 from models.generation import GenerationLoop
 from models.lm import CausalLM
 from models.protocols import GenerationStats, SamplingParams, Speculation
-from models.spec.decoder import SpeculativeStrategy
-from pipeline.clock import MonotonicClock
+from models.speculative.decoder import SpeculativeStrategy
 
 VOICE = ("You are a friendly voice assistant on a phone call. Your replies are spoken aloud, so answer in "
          "two or three short, natural sentences, without lists or markdown.")

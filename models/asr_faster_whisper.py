@@ -6,11 +6,11 @@ import logging
 
 import numpy as np
 
+from core.errors import BackendUnavailableError, EngineError, ModelMissingError
 from models.cache import resolve
 from models.config import AsrConfig
 from models.cpu import cores
 from models.protocols import Audio
-from pipeline.errors import BackendUnavailableError, EngineError, ModelMissingError
 
 log = logging.getLogger(__name__)
 

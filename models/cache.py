@@ -7,8 +7,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from core.errors import ModelMissingError
 from models.packs import PACKS, Pack
-from pipeline.errors import ModelMissingError
 
 MANIFEST = "pack.json"
 

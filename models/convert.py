@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.errors import ModelFetchError
+from core.errors import ModelFetchError
 
 
 def _dequantize_option() -> dict[str, object]:

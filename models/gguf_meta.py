@@ -7,7 +7,7 @@ import struct
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pipeline.errors import ModelMissingError
+from core.errors import ModelMissingError
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9

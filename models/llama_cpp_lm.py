@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from core.errors import BackendUnavailableError, EngineError, ModelMissingError
 from models.lm import LMState, Logits, common_prefix
-from pipeline.errors import BackendUnavailableError, EngineError, ModelMissingError
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama.cpp")

@@ -10,12 +10,12 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import replace
 from typing import Protocol
 
+from core.clock import Clock
+from core.errors import ContextLengthError
+from core.worker import ModelWorker
 from models.generation import Decoder, Detokenizer, GenerationLoop, PlainDecoder
 from models.lm import CausalLM, LMState
 from models.protocols import ChatMessage, GenerationDone, GenerationStats, LLMOutput, SamplingParams, TextDelta
-from models.worker import ModelWorker
-from pipeline.clock import Clock
-from pipeline.errors import ContextLengthError
 
 log = logging.getLogger(__name__)
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from core.clock import Clock
 from models.cache import resolve_gguf, resolve_torch
 from models.config import LlmConfig
 from models.cpu import cores
 from models.llm_embedded import EmbeddedLLM
 from models.lm import CausalLM
-from models.spec.decoder import SpeculativeStrategy
-from models.spec.memory import ModelFootprint, check_memory
-from pipeline.clock import Clock
+from models.speculative.decoder import SpeculativeStrategy
+from models.speculative.memory import ModelFootprint, check_memory
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def _load_llama(config: LlmConfig, refs: list[str], threads: int,
 
 def _load_torch(config: LlmConfig, refs: list[str], threads: int,
                 sequences: int) -> tuple[CausalLM, CausalLM | None]:
-    from models.spec.memory import footprint
+    from models.speculative.memory import footprint
     from models.torch_lm import TorchLM, choose_dtype, choose_quantization
 
     paths = [resolve_torch(r) for r in refs]

@@ -31,10 +31,10 @@ from typing import Any
 
 import httpx
 
+from core.clock import Clock
+from core.errors import ConfigError, EngineError, LLMUnavailableError, VoiceAgentError
 from models.config import LlmConfig
 from models.protocols import ChatMessage, GenerationDone, GenerationStats, LLMOutput, SamplingParams, TextDelta
-from pipeline.clock import Clock
-from pipeline.errors import ConfigError, EngineError, LLMUnavailableError, VoiceAgentError
 
 log = logging.getLogger(__name__)
 

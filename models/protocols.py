@@ -1,7 +1,7 @@
 """The narrow interfaces between the pipeline and the model engines.
 
 Every engine method here is blocking unless it is `async`; the pipeline calls blocking ones on the
-engine's own worker thread (see models/worker.py), never on the event loop.
+engine's own worker thread (see core/worker.py), never on the event loop.
 """
 
 from __future__ import annotations

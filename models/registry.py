@@ -7,10 +7,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from core.clock import Clock
+from core.errors import BackendUnavailableError, ConfigError
 from models.config import AsrConfig, LlmConfig, TtsConfig, VadConfig
 from models.protocols import LanguageModel, SpeechRecognizer, Synthesizer, VoiceActivityDetector
-from pipeline.clock import Clock
-from pipeline.errors import BackendUnavailableError, ConfigError
 
 # engine name -> (module, class, what to install when the import fails)
 ENGINES: dict[str, dict[str, tuple[str, str, str]]] = {

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.errors import BackendUnavailableError, EngineError, ModelMissingError
 from models.lm import LMState, Logits, common_prefix
-from pipeline.errors import BackendUnavailableError, EngineError, ModelMissingError
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +194,8 @@ def choose_quantization(path: str, *, dtype: str = "auto", threads: int = 0) -> 
     in prefill than float32."""
     import statistics
 
+    from core.clock import MonotonicClock
     from models.int8 import int8_error, int8_is_accurate
-    from pipeline.clock import MonotonicClock
 
     if not int8_is_accurate():
         log.info("quantize auto: int8 products lose precision on this CPU (relative error %.2f): using none",

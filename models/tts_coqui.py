@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from core.errors import BackendUnavailableError, EngineError, ModelMissingError
 from models.config import TtsConfig
 from models.protocols import Audio
-from pipeline.errors import BackendUnavailableError, EngineError, ModelMissingError
 
 log = logging.getLogger(__name__)
 INSTALL = ("install the coqui extra for GPU deployments: pip install 'voice-agent[coqui]' "

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from core.errors import BackendUnavailableError, EngineError
 from models.config import TtsConfig
 from models.protocols import Audio
-from pipeline.errors import BackendUnavailableError, EngineError
 
 
 class EspeakSynthesizer:

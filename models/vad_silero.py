@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
+from core.errors import BackendUnavailableError
 from models.protocols import Audio
-from pipeline.errors import BackendUnavailableError
 
 WINDOW = 512  # samples at 16 kHz
 CONTEXT = 64  # samples of the previous window the model sees

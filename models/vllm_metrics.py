@@ -25,7 +25,7 @@ import httpx
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.clock import Clock
+from core.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from core.clock import Clock
+from core.errors import VoiceAgentError
+from core.worker import ModelWorker
 from models.protocols import SpeechRecognizer
-from models.worker import ModelWorker
-from pipeline.clock import Clock
 from pipeline.config import AsrStageConfig
-from pipeline.errors import VoiceAgentError
 from pipeline.events import (
     ErrorEvent,
     InputEvent,

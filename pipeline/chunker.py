@@ -10,7 +10,7 @@ import re
 import unicodedata
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from pipeline.clock import Clock
+from core.clock import Clock
 from pipeline.config import ChunkerConfig
 from pipeline.events import Phrase, ReplyEvent, ReplyFinished, ReplyText
 

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.clock import Clock
+from core.worker import ModelWorker
 from models.protocols import VadStream
-from models.worker import ModelWorker
-from pipeline.clock import Clock
 from pipeline.config import EndpointingConfig
 from pipeline.events import (
     AudioFrame,

@@ -6,9 +6,9 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 
+from core.clock import Clock
+from core.errors import VoiceAgentError
 from models.protocols import Conversation, GenerationDone, SamplingParams, TextDelta
-from pipeline.clock import Clock
-from pipeline.errors import VoiceAgentError
 from pipeline.events import ReplyEvent, ReplyFinished, ReplyRequest, ReplyText
 
 log = logging.getLogger(__name__)

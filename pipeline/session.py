@@ -21,6 +21,9 @@ from typing import Protocol
 
 import numpy as np
 
+from core.clock import Clock
+from core.errors import VoiceAgentError
+from core.worker import ModelWorker
 from models.protocols import (
     ChatMessage,
     Conversation,
@@ -31,14 +34,11 @@ from models.protocols import (
     Synthesizer,
     VoiceActivityDetector,
 )
-from models.worker import ModelWorker
 from pipeline.asr_stage import asr_stage
 from pipeline.audio import float_to_pcm16, resample
 from pipeline.chunker import chunk_stage
-from pipeline.clock import Clock
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
 from pipeline.endpointing import vad_stage
-from pipeline.errors import VoiceAgentError
 from pipeline.events import (
     AudioFrame,
     ErrorEvent,

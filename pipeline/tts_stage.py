@@ -7,10 +7,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 
 import numpy as np
 
+from core.clock import Clock
+from core.worker import ModelWorker
 from models.protocols import Audio, Synthesizer
-from models.worker import ModelWorker
 from pipeline.audio import resample
-from pipeline.clock import Clock
 from pipeline.events import Phrase, ReplyAudio, ReplyEvent
 
 _DONE = object()

@@ -1,8 +1,8 @@
 import pytest
 
 from app.wire import SessionEnd, SessionStart, event_json, parse_client_text
+from core.errors import ProtocolError
 from models.protocols import GenerationStats
-from pipeline.errors import ProtocolError
 from pipeline.events import ResponseDone, SpeechStarted
 
 

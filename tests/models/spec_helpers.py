@@ -5,7 +5,7 @@ from __future__ import annotations
 from models.generation import GenerationLoop
 from models.lm import CausalLM, LMState
 from models.protocols import GenerationStats, SamplingParams, Speculation
-from models.spec.decoder import SpecSession, SpeculativeStrategy
+from models.speculative.decoder import SpecSession, SpeculativeStrategy
 
 
 def generate(strategy: SpeculativeStrategy, prompt: list[int], params: SamplingParams,

@@ -6,12 +6,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from core.clock import FakeClock
 from models.protocols import SamplingParams
 from models.sampling import Rng
-from models.spec.controller import CostModel, KController, expected_tokens
-from models.spec.decoder import SpeculativeStrategy
-from models.spec.proposer import Draft
-from pipeline.clock import FakeClock
+from models.speculative.controller import CostModel, KController, expected_tokens
+from models.speculative.decoder import SpeculativeStrategy
+from models.speculative.proposer import Draft
 from tests.models.spec_helpers import generate, params, prompt_of
 from tests.models.tiny import tiny_lm
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import IntegrityError, ModelFetchError, ModelMissingError
 from models.cache import resolve
 from models.fetch import assemble
 from models.packs import PackFile, WheelSource
-from pipeline.errors import IntegrityError, ModelFetchError, ModelMissingError
 
 
 def wheel(path: Path, members: dict[str, bytes]) -> Path:

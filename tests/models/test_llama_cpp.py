@@ -18,13 +18,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from core.clock import MonotonicClock
+from core.errors import IncompatibleModelsError
 from models.cache import resolve_gguf
 from models.llama_cpp_lm import LlamaCppLM
 from models.llm_embedded import EmbeddedLLM
 from models.protocols import ChatMessage, GenerationDone, GenerationStats, SamplingParams, TextDelta
-from models.spec.decoder import SpeculativeStrategy
-from pipeline.clock import MonotonicClock
-from pipeline.errors import IncompatibleModelsError
+from models.speculative.decoder import SpeculativeStrategy
 from tests.models.spec_helpers import generate, params
 
 pytestmark = pytest.mark.slow

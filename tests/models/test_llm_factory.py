@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from core.clock import MonotonicClock
 from models.config import LlmConfig, SpeculativeConfig
 from models.llm_factory import load_embedded
 from models.protocols import ChatMessage, GenerationDone, SamplingParams
-from pipeline.clock import MonotonicClock
 from tests.models.tiny import tiny_lm
 
 

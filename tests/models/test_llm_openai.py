@@ -23,11 +23,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.clock import MonotonicClock
+from core.errors import EngineError, LLMUnavailableError
 from models.config import LlmConfig
 from models.llm_openai import OpenAIChatLLM
 from models.protocols import ChatMessage, GenerationDone, LLMOutput, SamplingParams, TextDelta
-from pipeline.clock import MonotonicClock
-from pipeline.errors import EngineError, LLMUnavailableError
 from tests.e2e.conftest import Server, start_server, stop_server
 
 MESSAGES = [ChatMessage("system", "You are a helpful assistant. Answer briefly."),

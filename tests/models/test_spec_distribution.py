@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from scipy.stats import chisquare
 
+from core.clock import MonotonicClock
 from models.protocols import SamplingParams
 from models.sampling import Probs, Rng, probabilities, sample
-from models.spec import decoder as decoder_module
-from models.spec.decoder import SpeculativeStrategy
-from models.spec.verifier import Verdict, verify_sampled
-from pipeline.clock import MonotonicClock
+from models.speculative import decoder as decoder_module
+from models.speculative.decoder import SpeculativeStrategy
+from models.speculative.verifier import Verdict, verify_sampled
 from tests.models.spec_helpers import generate, params
 from tests.models.tiny import tiny_lm
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.spec.decoder import SpeculativeStrategy
-from models.spec.draft_model import DraftModelProposer
-from pipeline.clock import MonotonicClock
+from core.clock import MonotonicClock
+from models.speculative.decoder import SpeculativeStrategy
+from models.speculative.draft_model import DraftModelProposer
 from tests.models.spec_helpers import generate, params, prompt_of
 from tests.models.tiny import tiny_lm
 

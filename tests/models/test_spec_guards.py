@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from models.spec.decoder import SpeculativeStrategy
-from models.spec.memory import GIB, available_memory, cgroup_room, check_memory, footprint
-from pipeline.clock import MonotonicClock
-from pipeline.errors import IncompatibleModelsError, MemoryBudgetError
+from core.clock import MonotonicClock
+from core.errors import IncompatibleModelsError, MemoryBudgetError
+from models.speculative.decoder import SpeculativeStrategy
+from models.speculative.memory import GIB, available_memory, cgroup_room, check_memory, footprint
 from tests.models.tiny import tiny_lm
 
 

@@ -8,11 +8,11 @@ import os
 import numpy as np
 import pytest
 
+from core.errors import BackendUnavailableError
 from models import registry
 from models.asr_faster_whisper import FasterWhisperRecognizer
 from models.config import AsrConfig, TtsConfig
 from pipeline.audio import resample
-from pipeline.errors import BackendUnavailableError
 from tests.speech import words
 
 

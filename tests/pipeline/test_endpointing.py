@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from models.worker import ModelWorker
-from pipeline.clock import FakeClock
+from core.clock import FakeClock
+from core.worker import ModelWorker
 from pipeline.config import EndpointingConfig
 from pipeline.endpointing import Endpointer, vad_stage
 from pipeline.events import AudioFrame, SpeechAudio, SpeechStarted, SpeechStopped

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 
+from core.clock import MonotonicClock
 from models.llm_embedded import EmbeddedLLM
 from models.protocols import ChatMessage, GenerationDone, SamplingParams
-from pipeline.clock import MonotonicClock
 from pipeline.history import prompt_window
 from tests.models.tiny import tiny_lm
 

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 
 import numpy as np
 
+from core.clock import MonotonicClock
 from models.protocols import Audio, ChatMessage, LLMOutput, SamplingParams, TextDelta
-from pipeline.clock import MonotonicClock
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
 from pipeline.events import AudioFrame, ErrorEvent, ResponseDone, SpeechStarted, TranscriptFinal
 from pipeline.session import Backends, PipelineConfig, Session

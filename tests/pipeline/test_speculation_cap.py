@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+from core.clock import MonotonicClock
 from models.llm_embedded import EmbeddedConversation, EmbeddedLLM
 from models.protocols import ChatMessage, GenerationDone, GenerationStats, SamplingParams, TextDelta
-from models.spec.decoder import SpecSession, SpeculativeStrategy
-from pipeline.clock import MonotonicClock
+from models.speculative.decoder import SpecSession, SpeculativeStrategy
 from pipeline.config import SessionConfig
 from pipeline.events import ResponseDone
 from pipeline.session import PipelineConfig

@@ -18,17 +18,17 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from core.clock import Clock
+from core.errors import ConfigError
 from models.generation import Decoder, PlainDecoder
 from models.lm import CausalLM, LMState
 from models.protocols import GenerationStats, SamplingParams
 from models.sampling import probabilities
-from models.spec.controller import CostModel, KController
-from models.spec.draft_model import DraftModelProposer, check_compatible
-from models.spec.ngram import NgramProposer
-from models.spec.proposer import Proposer
-from models.spec.verifier import verify_greedy, verify_sampled
-from pipeline.clock import Clock
-from pipeline.errors import ConfigError
+from models.speculative.controller import CostModel, KController
+from models.speculative.draft_model import DraftModelProposer, check_compatible
+from models.speculative.ngram import NgramProposer
+from models.speculative.proposer import Proposer
+from models.speculative.verifier import verify_greedy, verify_sampled
 
 log = logging.getLogger(__name__)
 METHODS = ("off", "ngram", "draft_model")

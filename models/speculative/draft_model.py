@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from core.errors import IncompatibleModelsError
 from models.lm import CausalLM
 from models.protocols import SamplingParams
 from models.sampling import Probs, Rng, probabilities, sample
-from models.spec.ngram import lookup_match
-from models.spec.proposer import Draft
-from pipeline.errors import IncompatibleModelsError
+from models.speculative.ngram import lookup_match
+from models.speculative.proposer import Draft
 
 PROBES = ("Hello! Your order: 2 pizzas, 1 salad.", "The meeting is at 7:30 pm on Tuesday, isn't it?")
 

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import MemoryBudgetError
+from core.errors import MemoryBudgetError
 
 GIB = 1 << 30
 BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}

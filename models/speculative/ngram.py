@@ -8,7 +8,7 @@ import numpy as np
 
 from models.protocols import SamplingParams
 from models.sampling import Rng
-from models.spec.proposer import Draft
+from models.speculative.proposer import Draft
 
 
 class NgramProposer:
