@@ -84,9 +84,9 @@ def _list() -> None:
     for name, pack in PACKS.items():
         state = "cached" if is_ready(pack) else "not fetched"
         default = " (default)" if name in DEFAULT_PACKS else ""
-        print(f"  {name:24s} {pack.kind:4s} {state:12s} {pack.description}{default}")
+        print(f"  {name:36s} {pack.kind:4s} {state:12s} {pack.description}{default}")
         if is_ready(pack):
-            print(f"  {'':24s} {pack_dir(pack)}")
+            print(f"  {'':36s} {pack_dir(pack)}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Settings from environment variables (VOICE_AGENT_..., nested with __) and an optional TOML or
 JSON file (VOICE_AGENT_CONFIG or `--config`). Each backend is handed only its own section.
 
-    VOICE_AGENT_LLM__MODEL=qwen2.5-1.5b-instruct VOICE_AGENT_ENDPOINTING__END_SILENCE_MS=400 voice-agent serve
+    VOICE_AGENT_LLM__MODEL=qwen2.5-coder-1.5b-instruct-q4_k_m VOICE_AGENT_ENDPOINTING__END_SILENCE_MS=400 \\
+        voice-agent serve
 """
 
 from __future__ import annotations

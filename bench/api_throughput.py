@@ -61,7 +61,7 @@ def one(base_url: str, prompt: str, max_tokens: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="qwen2.5-0.5b-instruct,qwen2.5-1.5b-instruct")
+    parser.add_argument("--models", default="qwen2.5-coder-0.5b-instruct-q4_k_m,qwen2.5-coder-1.5b-instruct-q4_k_m")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--json")
     args = parser.parse_args()

@@ -9,7 +9,7 @@ voice-style turns at temperature 0, through the project's own engine, with the K
 `auto` as the service runs it: decode tokens/s, the ratio to plain, and whether outputs equal.
 
     .venv/bin/python bench/llm_runtime.py --json docs/bench/llm_runtime.json
-    .venv/bin/python bench/llm_runtime.py --runtimes llama.cpp --models qwen2.5-0.5b-instruct
+    .venv/bin/python bench/llm_runtime.py --runtimes llama.cpp --models qwen2.5-coder-0.5b-instruct-q4_k_m
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from models.lm import CausalLM
 from models.protocols import GenerationStats, SamplingParams, Speculation
 from models.speculative.decoder import SpecSession, SpeculativeStrategy
 
-MODELS = ("qwen2.5-0.5b-instruct", "qwen2.5-1.5b-instruct")
+MODELS = ("qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m")
 PASSES = (1, 2, 3, 5, 9)
 SYSTEM = ("You are a friendly voice assistant on a phone call. Answer in one to three short, natural "
           "sentences. When the caller asks for something, confirm it back in their own words.")

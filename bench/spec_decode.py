@@ -83,8 +83,8 @@ def run_one(strategy: SpeculativeStrategy, prompt: list[int], method: str, tempe
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", default="qwen2.5-1.5b-instruct")
-    parser.add_argument("--draft", default="qwen2.5-0.5b-instruct")
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct-q4_k_m")
     parser.add_argument("--runtime", default="llama.cpp",
                         choices=["llama.cpp", "torch-float32", "torch-int8", "torch-bfloat16"])
     parser.add_argument("--draft-runtime", help="the draft's runtime (default: the target's)")

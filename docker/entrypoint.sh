@@ -20,7 +20,7 @@ if [ "$1" = "serve" ] && [ "${VOICE_AGENT_SKIP_FETCH:-0}" != "1" ]; then
     # embedded engine runs. Hugging Face ids and local paths are not packs and are left alone.
     packs=$(python - <<'EOF'
 from app.settings import Settings
-from models.packs import PACKS
+from models.packs import pack_named
 
 s = Settings()
 refs = [s.asr.model]
@@ -28,8 +28,8 @@ if s.llm.engine == "embedded":
     refs.append(s.llm.model)
     if s.llm.speculative.method == "draft_model":
         refs.append(s.llm.speculative.draft_model)
-names = [r.removeprefix("pack:") for r in refs]
-print(" ".join(dict.fromkeys(n for n in names if n in PACKS)))
+packs = [pack_named(r) for r in refs]
+print(" ".join(dict.fromkeys(p.name for p in packs if p is not None)))
 EOF
 )
     if [ -n "$packs" ]; then

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from core.errors import ModelMissingError
-from models.packs import PACKS, Pack
+from models.packs import PACKS, Pack, pack_named
 
 MANIFEST = "pack.json"
 
@@ -62,7 +62,7 @@ def resolve_gguf(ref: str, root: Path | None = None) -> str:
 def resolve_torch(ref: str, root: Path | None = None, say: Callable[[str], None] = print) -> str:
     """A folder or hub id for the PyTorch runtime; a GGUF pack is converted once to safetensors
     (kept beside the pack) the first time it is asked for."""
-    pack = PACKS.get(ref.removeprefix("pack:"))
+    pack = pack_named(ref)
     path = resolve(ref, root)
     if pack is None or pack.convert != "gguf":
         return path
@@ -81,7 +81,7 @@ def resolve(ref: str, root: Path | None = None) -> str:
     - an existing local path: used as is;
     - anything else is taken as a Hugging Face model id, for users who can reach the hub.
     """
-    pack = PACKS.get(ref.removeprefix("pack:"))
+    pack = pack_named(ref)
     if pack is not None:
         if not is_ready(pack, root):
             raise ModelMissingError(

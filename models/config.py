@@ -39,7 +39,7 @@ class SpeculativeConfig(BaseModel):
         "ngram", description="the default for voice turns; API requests may choose their own")
     num_speculative_tokens: int | Literal["auto"] = "auto"
     max_speculative_tokens: int = Field(8, ge=0, le=8)
-    draft_model: str = Field("qwen2.5-0.5b-instruct", description="for method draft_model")
+    draft_model: str = Field("qwen2.5-coder-0.5b-instruct-q4_k_m", description="for method draft_model")
     draft_quantize: Literal["none", "int8"] = Field(
         "int8", description="torch runtime: int8 makes the 0.5B draft ~2.5x cheaper per token on AVX-512 CPUs")
     draft_copy_min: int = Field(
@@ -54,7 +54,8 @@ class SpeculativeConfig(BaseModel):
 
 class LlmConfig(BaseModel):
     engine: Literal["embedded", "openai"] = "embedded"
-    model: str = Field("qwen2.5-0.5b-instruct", description="pack name, local folder or file, or Hugging Face id")
+    model: str = Field("qwen2.5-coder-0.5b-instruct-q4_k_m",
+                       description="pack name, local folder or file, or Hugging Face id")
     runtime: Literal["llama.cpp", "torch"] = Field(
         "llama.cpp", description="embedded engine: llama.cpp over the pack's own GGUF (Q4_K_M), fast on any CPU; "
         "or torch (PyTorch over the GGUF converted once to safetensors, or a Hugging Face id)")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from core.errors import IntegrityError, ModelFetchError
 from models.cache import MANIFEST, cache_root, is_ready, pack_dir
-from models.packs import PACKS, Pack, PackFile, WheelSource
+from models.packs import ALIASES, PACKS, Pack, PackFile, WheelSource, pack_named
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,11 @@ def fetch_pack(
 ) -> Path:
     """Fetch and verify one pack into the cache; returns its folder."""
     target = pack_dir(pack, root)
+    for old, new in ALIASES.items():  # a pack fetched under its former name moves, not downloaded again
+        former = target.parent / old
+        if new == pack.name and not target.exists() and (former / MANIFEST).is_file():
+            os.replace(former, target)
+            say(f"{pack.name}: moved from its former name {old}")
     if is_ready(pack, root) and not force:
         say(f"{pack.name}: already in the cache at {target}")
         return target
@@ -122,8 +127,9 @@ def fetch_pack(
 
 
 def fetch(names: list[str], *, force: bool = False, say: Callable[[str], None] = print) -> list[Path]:
-    unknown = [n for n in names if n not in PACKS]
+    packs = [pack_named(n) for n in names]
+    unknown = [n for n, p in zip(names, packs, strict=True) if p is None]
     if unknown:
         raise ModelFetchError(f"unknown pack(s) {', '.join(unknown)}; known: {', '.join(PACKS)}")
     say(f"model cache: {cache_root()}")
-    return [fetch_pack(PACKS[n], force=force, say=say) for n in names]
+    return [fetch_pack(p, force=force, say=say) for p in packs if p is not None]

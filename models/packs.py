@@ -67,7 +67,7 @@ PACKS: dict[str, Pack] = {
             ),
         ),
         Pack(
-            name="qwen2.5-0.5b-instruct",
+            name="qwen2.5-coder-0.5b-instruct-q4_k_m",
             kind="llm",
             description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M (491 MB)",
             license="Apache-2.0",
@@ -81,7 +81,7 @@ PACKS: dict[str, Pack] = {
             convert="gguf",
         ),
         Pack(
-            name="qwen2.5-1.5b-instruct",
+            name="qwen2.5-coder-1.5b-instruct-q4_k_m",
             kind="llm",
             description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (1.12 GB)",
             license="Apache-2.0",
@@ -95,7 +95,7 @@ PACKS: dict[str, Pack] = {
             convert="gguf",
         ),
         Pack(
-            name="smollm2-135m-instruct",
+            name="smollm2-135m-instruct-q4_1",
             kind="llm",
             description="SmolLM2-135M-Instruct, GGUF Q4_1 (98 MB): fast, weak answers, another vocabulary",
             license="Apache-2.0",
@@ -111,6 +111,20 @@ PACKS: dict[str, Pack] = {
     )
 }
 
+# Names packs had before they said the model's full name and precision; still accepted.
+ALIASES = {
+    "qwen2.5-0.5b-instruct": "qwen2.5-coder-0.5b-instruct-q4_k_m",
+    "qwen2.5-1.5b-instruct": "qwen2.5-coder-1.5b-instruct-q4_k_m",
+    "smollm2-135m-instruct": "smollm2-135m-instruct-q4_1",
+}
+
+
+def pack_named(name: str) -> Pack | None:
+    """The pack of that name (or of a former name), or None."""
+    name = name.removeprefix("pack:")
+    return PACKS.get(ALIASES.get(name, name))
+
+
 # What `voice-agent models fetch` gets with no names: the ASR model, the default LLM (0.5B) and the
 # 1.5B that the speculative engine drafts for.
-DEFAULT_PACKS = ("whisper-tiny.en", "qwen2.5-0.5b-instruct", "qwen2.5-1.5b-instruct")
+DEFAULT_PACKS = ("whisper-tiny.en", "qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m")

@@ -49,5 +49,5 @@ echo "==> fetching the default models"
 .venv/bin/voice-agent models fetch
 if [ "$mode" = "--test" ]; then
   # another vocabulary, for the test that refuses a draft of another family
-  .venv/bin/voice-agent models fetch smollm2-135m-instruct
+  .venv/bin/voice-agent models fetch smollm2-135m-instruct-q4_1
 fi

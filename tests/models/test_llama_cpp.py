@@ -44,14 +44,14 @@ def load(pack: str) -> LlamaCppLM:
 
 @pytest.fixture(scope="module")
 def small() -> Iterator[LlamaCppLM]:
-    lm = load("qwen2.5-0.5b-instruct")
+    lm = load("qwen2.5-coder-0.5b-instruct-q4_k_m")
     yield lm
     lm.close()
 
 
 @pytest.fixture(scope="module")
 def pair(small: LlamaCppLM) -> Iterator[SpeculativeStrategy]:
-    target = load("qwen2.5-1.5b-instruct")
+    target = load("qwen2.5-coder-1.5b-instruct-q4_k_m")
     yield SpeculativeStrategy(target, MonotonicClock(), draft=small, calibrate=False)
     target.close()
 
@@ -182,7 +182,7 @@ def test_greedy_speculation_equals_plain_or_parts_only_at_near_ties(pair: Specul
 
 
 def test_a_draft_of_another_family_is_refused(small: LlamaCppLM) -> None:
-    other = load("smollm2-135m-instruct")
+    other = load("smollm2-135m-instruct-q4_1")
     try:
         with pytest.raises(IncompatibleModelsError, match="vocabulary"):
             SpeculativeStrategy(small, MonotonicClock(), draft=other, calibrate=False)

@@ -421,7 +421,7 @@ async def test_streams_a_reply_from_a_real_server(real_server: Server) -> None:
     assert stats.completion_tokens > 0 and stats.prompt_tokens > 0
     assert stats.time_to_first_token_ms > 0 and stats.duration_ms >= stats.time_to_first_token_ms
     assert stats.finish_reason in ("stop", "length")
-    assert llm.name == "qwen2.5-0.5b-instruct"  # asked GET /v1/models
+    assert llm.name == "qwen2.5-coder-0.5b-instruct-q4_k_m"  # asked GET /v1/models
     await llm.aclose()
 
 
@@ -432,7 +432,7 @@ LONG = [ChatMessage("user", "Tell me a long story about a dragon who learns to b
 @pytest.mark.parametrize("how", ["close the iterator", "cancel the task"])
 async def test_stopping_mid_stream_aborts_the_generation_on_the_server(real_server: Server, how: str) -> None:
     """Barge-in: the consumer stops after the first text; the server sees the disconnect."""
-    llm = make_llm(real_server.base_url + "/v1", read_timeout_s=60, remote_model="qwen2.5-0.5b-instruct")
+    llm = make_llm(real_server.base_url + "/v1", read_timeout_s=60, remote_model="qwen2.5-coder-0.5b-instruct-q4_k_m")
     before = api_requests(real_server)
     aborted_lines = real_server.log().count("client disconnected; generation aborted")
     params = SamplingParams(temperature=0.0, max_tokens=400)
