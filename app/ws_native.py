@@ -44,6 +44,7 @@ class SocketOutbound:
         self.timeout_s = timeout_s
         self.lock = asyncio.Lock()
         self.closed = False
+        self.gone = asyncio.Event()  # set when the caller stopped reading or the socket broke
 
     async def send_json(self, data: dict[str, Any]) -> None:
         if data.get("type") == "error":
@@ -64,7 +65,10 @@ class SocketOutbound:
                 await asyncio.wait_for(fn(payload), self.timeout_s)
             except (WebSocketDisconnect, RuntimeError, OSError, TimeoutError) as exc:
                 self.closed = True
-                log.info("caller socket closed while sending (%s)", type(exc).__name__)
+                self.gone.set()
+                why = (f"it read nothing for {self.timeout_s:g} s (server.send_timeout_s)"
+                       if isinstance(exc, TimeoutError) else type(exc).__name__)
+                log.info("caller socket closed while sending: %s", why)
 
 
 class Connection:
@@ -87,20 +91,32 @@ class Connection:
     async def run(self) -> None:
         clock = self.runtime.clock
         deadline = clock.now() + self.settings.max_session_s
+        gone = asyncio.ensure_future(self.outbound.gone.wait())
+        receive: asyncio.Future[Any] | None = None
         try:
             while True:
                 remaining = deadline - clock.now()
                 if remaining <= 0:
                     await self.error("session_expired", f"calls are limited to {self.settings.max_session_s:.0f} s")
                     return await self.close(CLOSE_NORMAL)
-                try:
-                    message = await asyncio.wait_for(self.websocket.receive(), remaining)
-                except TimeoutError:
-                    continue
-                if message["type"] == "websocket.disconnect":
-                    return
+                # Whichever comes first: a message, a caller who stopped reading, or a session that
+                # failed (reported at once, not at the caller's next message).
+                if receive is None:
+                    receive = asyncio.ensure_future(self.websocket.receive())
+                waiting: set[asyncio.Future[Any]] = {receive, gone}
+                if self.task is not None:
+                    waiting.add(self.task)
+                await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                if gone.done():
+                    log.info("%s: the caller stopped reading; call ended and its slot freed", self.session_id)
+                    return await self.close(CLOSE_POLICY)
                 if self.task is not None and self.task.done():
                     return await self._session_crashed()
+                if not receive.done():
+                    continue
+                message, receive = receive.result(), None
+                if message["type"] == "websocket.disconnect":
+                    return
                 keep_going = await self.handle(message)
                 if not keep_going:
                     return
@@ -108,6 +124,9 @@ class Connection:
                     await self.error("too_many_errors", f"{self.errors} bad messages; closing the session")
                     return await self.close(CLOSE_POLICY)
         finally:
+            gone.cancel()
+            if receive is not None:
+                receive.cancel()
             await self.stop_session()
 
     async def handle(self, message: MutableMapping[str, Any]) -> bool:
@@ -174,7 +193,8 @@ class Connection:
             return
         if not data:
             return
-        queued_ms = self.session.audio_in.qsize() * 1000 * len(data) / 2 / self.resampler.in_rate
+        # What waits for the pipeline, counted in samples (frames may differ in size).
+        queued_ms = 1000 * self.session.audio_in_samples / self.runtime.backends.vad.sample_rate  # type: ignore[union-attr]
         if queued_ms > self.settings.max_audio_backlog_ms:
             now = self.runtime.clock.now()
             if now - self.backlog_warned_at > 1.0:
@@ -183,6 +203,7 @@ class Connection:
                                  "audio is arriving faster than it can be processed; frames are being dropped")
             return
         samples = self.resampler(pcm16_to_float(data))
+        self.session.audio_in_samples += len(samples)
         await self.session.audio_in.put(AudioFrame(samples, self.runtime.clock.now()))
 
     async def _session_crashed(self) -> None:

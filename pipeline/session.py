@@ -132,6 +132,7 @@ class Session:
         ]
         self.conversation: Conversation = backends.llm.conversation()
         self.audio_in: asyncio.Queue[AudioFrame | None] = asyncio.Queue()
+        self.audio_in_samples = 0  # samples queued in audio_in (the transport bounds it)
         self.turns: dict[int, Turn] = {}
         self.reply: Reply | None = None
         self.generation = 0  # bumped by every barge-in and every new reply
@@ -159,6 +160,7 @@ class Session:
 
     async def _frames(self) -> AsyncIterator[AudioFrame]:
         while (frame := await self.audio_in.get()) is not None:
+            self.audio_in_samples -= len(frame.samples)
             yield frame
 
     async def _on_input(self, event: InputEvent) -> None:
