@@ -47,13 +47,22 @@ class SessionEnd(BaseModel):
     type: Literal["session.end"]
 
 
-ClientMessage = Annotated[SessionStart | SessionEnd, Field(discriminator="type")]
+class OutputAudioPlayed(BaseModel):
+    """The client's playback clock: `played_ms` of the turn's reply audio have been played."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["output_audio.played"]
+    turn_id: int = Field(ge=0)
+    played_ms: float = Field(ge=0, le=24 * 3600 * 1000)
+
+
+ClientMessage = Annotated[SessionStart | SessionEnd | OutputAudioPlayed, Field(discriminator="type")]
 _client = TypeAdapter(ClientMessage)
-CLIENT_TYPES = ("session.start", "session.end")
+CLIENT_TYPES = ("session.start", "session.end", "output_audio.played")
 OUTPUT_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 
 
-def parse_client_text(data: str) -> SessionStart | SessionEnd:
+def parse_client_text(data: str) -> SessionStart | SessionEnd | OutputAudioPlayed:
     """Parse one text message, or raise ProtocolError with a message a client author can act on."""
     try:
         raw = json.loads(data)
@@ -64,7 +73,7 @@ def parse_client_text(data: str) -> SessionStart | SessionEnd:
     if raw["type"] not in CLIENT_TYPES:
         raise ProtocolError("unknown_type", f"unknown message type {raw['type']!r}; expected one of {CLIENT_TYPES}")
     try:
-        message: SessionStart | SessionEnd = _client.validate_python(raw)
+        message: SessionStart | SessionEnd | OutputAudioPlayed = _client.validate_python(raw)
     except ValidationError as exc:
         details = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ProtocolError("invalid_message", f"{raw['type']}: {details}") from exc

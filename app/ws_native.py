@@ -20,7 +20,7 @@ from starlette.websockets import WebSocketState
 
 from app.metrics import Metrics
 from app.runtime import Runtime
-from app.wire import SessionEnd, SessionStart, error_json, event_json, parse_client_text
+from app.wire import OutputAudioPlayed, SessionEnd, SessionStart, error_json, event_json, parse_client_text
 from core.errors import ProtocolError
 from pipeline.audio import StreamResampler, pcm16_to_float
 from pipeline.events import AudioFrame, OutEvent
@@ -149,6 +149,12 @@ class Connection:
             await self.stop_session()
             await self.close(CLOSE_NORMAL)
             return False
+        if isinstance(parsed, OutputAudioPlayed):
+            if self.session is None:
+                await self.error("session_not_started", "send session.start first")
+            else:
+                self.session.on_played(parsed.turn_id, parsed.played_ms)
+            return True
         await self.start_session(parsed)
         return True
 

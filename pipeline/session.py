@@ -103,6 +103,8 @@ class Reply:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     finished: bool = False
     queued_samples: int = 0  # produced but not yet sent
+    played_samples: int | None = None  # what the client says it has played (None: it has not said)
+    played_at: float = 0.0  # clock time of that report
 
 
 async def _one(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:
@@ -198,6 +200,23 @@ class Session:
                 await self._start_reply(turn, text)
             else:
                 self.turns.pop(event.turn_id, None)
+
+    def on_played(self, turn_id: int, played_ms: float) -> None:
+        """The client's playback clock (native `output_audio.played`, phone marks): how much of the
+        turn's reply audio it has played. On barge-in the history keeps those words."""
+        reply = self.reply
+        if reply is None or reply.turn.turn_id != turn_id:
+            return
+        played = int(played_ms * self.output_rate / 1000)
+        sent = sum(reply.ledger.sent.values())
+        reply.played_samples = min(sent, max(played, reply.played_samples or 0))
+        reply.played_at = self.clock.now()
+
+    def _heard_samples(self, reply: Reply) -> int:
+        """The client's last report, carried forward at playback speed to now, within what was sent."""
+        assert reply.played_samples is not None
+        since = max(0.0, self.clock.now() - reply.played_at)
+        return min(sum(reply.ledger.sent.values()), reply.played_samples + int(since * self.output_rate))
 
     def _prepare(self, messages: tuple[ChatMessage, ...]) -> None:
         """Give the LLM a head start: prefill the conversation so far (and the caller's words while
@@ -334,7 +353,12 @@ class Session:
         reply.finished = True
         if self.reply is reply:
             self.reply = None
-        text = reply.ledger.full_text() if status == "completed" else reply.ledger.sent_text()
+        if status == "completed":
+            text = reply.ledger.full_text()
+        elif reply.played_samples is not None:  # what the client says it played
+            text = reply.ledger.text_until(self._heard_samples(reply))
+        else:  # no word from the client: what was sent, paced to playback, is the best estimate
+            text = reply.ledger.sent_text()
         if text:
             self.history.append(ChatMessage("assistant", text))
         self.turns.pop(reply.turn.turn_id, None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 MARKS = ("speech_end", "asr_final", "llm_first_token", "first_phrase", "tts_first_audio", "first_audio_sent")
@@ -54,15 +53,32 @@ class PhraseLedger:
         return " ".join(self.texts[i] for i in sorted(self.texts))
 
     def sent_text(self) -> str:
-        """The reply as far as its audio went out: whole phrases, then the share of the words of the
-        phrase that was cut, in proportion to its audio sent."""
-        order = sorted(self.texts)
-        spoken = [i for i in order if self.sent.get(i, 0) > 0]
-        if not spoken:
-            return ""
-        last = spoken[-1]
-        parts = [self.texts[i] for i in order if i < last]
-        words = self.texts[last].split()
-        share = min(1.0, self.sent[last] / max(1, self.produced.get(last, 1)))
-        parts.append(" ".join(words[: math.ceil(len(words) * share)]))
+        """The reply as far as its audio went out."""
+        return self.text_until(sum(self.sent.values()))
+
+    def text_until(self, samples: int) -> str:
+        """The words whose audio lies within the first `samples` samples sent: whole phrases, then
+        the part of the phrase that was cut, in proportion to its characters (to within a word)."""
+        parts: list[str] = []
+        left = samples
+        for i in sorted(self.texts):
+            sent = min(self.sent.get(i, 0), left)
+            if sent <= 0:
+                break
+            produced = max(self.produced.get(i, 0), sent)
+            if sent >= produced:  # the whole phrase
+                parts.append(self.texts[i])
+                left -= sent
+                continue
+            # the cut phrase: the words within the played share of its characters; a word counts
+            # once half of it was heard
+            text, kept, chars = self.texts[i], [], 0
+            limit = sent / produced * len(text)
+            for word in text.split():
+                if chars + len(word) / 2 > limit:
+                    break
+                kept.append(word)
+                chars += len(word) + 1
+            parts.append(" ".join(kept))
+            break
         return " ".join(p for p in parts if p)

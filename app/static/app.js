@@ -12,10 +12,11 @@ const ui = { start: $("start"), stop: $("stop"), status: $("status"), transcript
              latency: $("latency").tBodies[0], errors: $("errors") };
 
 const voiceAgent = (window.voiceAgent = {
-  state: "idle", events: [], audioBytesReceived: 0, audioChunksPlayed: 0, playbackFlushes: 0,
+  state: "idle", events: [], audioBytesReceived: 0, audioChunksPlayed: 0, playbackFlushes: 0, playedReports: 0,
 });
 
 let ws = null;
+setInterval(() => playback.report(), 250); // playback progress, from the audio clock
 let ctx = null; // one AudioContext for capture and playback
 let mic = null; // { stream, source, node }
 let outputRate = 24000;
@@ -43,6 +44,9 @@ const playback = {
   head: 0, // AudioContext time at which the next chunk starts
   replyTurn: null, // turn of the latest response.text.delta: the audio that arrives belongs to it
   flushedTurn: null, // a turn interrupted by barge-in: its late audio is dropped
+  segments: [], // [AudioContext start time, duration] of each chunk of the reply turn's audio
+  segmentsTurn: null,
+  reported: -1, // the last played_ms sent to the server
 
   enqueue(arrayBuffer) {
     if (!ctx || (this.replyTurn !== null && this.replyTurn === this.flushedTurn)) return;
@@ -58,11 +62,37 @@ const playback = {
     // after a gap (or at the start of a reply), start a little ahead so the queue can build up
     if (this.head < ctx.currentTime) this.head = ctx.currentTime + 0.05;
     source.start(this.head);
+    if (this.segmentsTurn !== this.replyTurn) {
+      this.segments = [];
+      this.segmentsTurn = this.replyTurn;
+      this.reported = -1;
+    }
+    this.segments.push([this.head, buffer.duration]);
     this.head += buffer.duration;
     this.sources.add(source);
     source.onended = () => {
       if (this.sources.delete(source)) voiceAgent.audioChunksPlayed++; // not if it was flushed
     };
+  },
+
+  playedMs() {
+    // how much of the reply turn's audio has played, by the audio clock (gaps do not count)
+    if (!ctx) return 0;
+    const now = ctx.currentTime;
+    let played = 0;
+    for (const [start, duration] of this.segments) played += Math.min(Math.max(now - start, 0), duration);
+    return Math.round(played * 1000);
+  },
+
+  report() {
+    // tell the server what the caller has heard (output_audio.played), so that on barge-in the
+    // conversation keeps exactly the words that were played
+    if (!ws || ws.readyState !== WebSocket.OPEN || !sessionStarted || this.segmentsTurn === null) return;
+    const played = this.playedMs();
+    if (played === this.reported) return;
+    this.reported = played;
+    ws.send(JSON.stringify({ type: "output_audio.played", turn_id: this.segmentsTurn, played_ms: played }));
+    voiceAgent.playedReports++;
   },
 
   flush() {
@@ -134,7 +164,8 @@ function onEvent(event) {
       break;
     case "speech.started":
       // the caller talks: any reply still playing is interrupted (barge-in), and its late audio
-      // is dropped
+      // is dropped; the server first hears how far playback got
+      playback.report();
       if (playback.flush()) voiceAgent.playbackFlushes++;
       playback.flushedTurn = playback.replyTurn;
       break;

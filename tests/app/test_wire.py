@@ -1,6 +1,6 @@
 import pytest
 
-from app.wire import SessionEnd, SessionStart, event_json, parse_client_text
+from app.wire import OutputAudioPlayed, SessionEnd, SessionStart, event_json, parse_client_text
 from core.errors import ProtocolError
 from models.protocols import GenerationStats
 from pipeline.events import ResponseDone, SpeechStarted
@@ -48,3 +48,10 @@ def test_events_to_wire() -> None:
     done = event_json(ResponseDone(3, "Hi.", "completed", {"speech_end": 0.0}, 800.0, stats))
     assert done["type"] == "response.done" and done["status"] == "completed"
     assert done["llm"]["tokens_per_second"] == 10.0
+
+
+def test_playback_reports_are_parsed_and_checked() -> None:
+    msg = parse_client_text('{"type":"output_audio.played","turn_id":3,"played_ms":1840}')
+    assert isinstance(msg, OutputAudioPlayed) and msg.turn_id == 3 and msg.played_ms == 1840
+    assert code_of('{"type":"output_audio.played","turn_id":3,"played_ms":-5}') == "invalid_message"
+    assert code_of('{"type":"output_audio.played","played_ms":5}') == "invalid_message"

@@ -40,6 +40,7 @@ return {
   audioBytesReceived: va.audioBytesReceived,
   audioChunksPlayed: va.audioChunksPlayed,
   playbackFlushes: va.playbackFlushes,
+  playedReports: va.playedReports,
   userFinal: texts("#transcript .user.final"),
   bot: texts("#transcript .bot"),
   latencyRows: [...document.querySelectorAll("#latency tbody tr")].map((tr) => cells(tr)),
@@ -124,6 +125,14 @@ def test_browser_call(server: Server, browser: Any) -> None:
     assert turn.isdigit() and status == "completed", snap["latencyRows"]
     assert marks[0] == "0" and all(m.isdigit() for m in marks), snap["latencyRows"]  # ms after speech_end
     assert float(tokens_per_s) > 0, snap["latencyRows"]
+
+    # the page reports what it has played, from its audio clock (output_audio.played), and the
+    # server takes the reports without complaint
+    deadline = time.monotonic() + 5
+    while browser.execute_script(SNAPSHOT_JS)["playedReports"] == 0:
+        assert time.monotonic() < deadline, "the page sent no output_audio.played:\n" + _report(browser, server, snap)
+        time.sleep(0.2)
+    assert not browser.execute_script(SNAPSHOT_JS)["errors"]
 
     browser.find_element(By.ID, "stop").click()
     deadline = time.monotonic() + 10

@@ -247,3 +247,35 @@ async def test_a_final_transcript_that_comes_while_the_caller_speaks_again_joins
     assert done_events(out)[0].status == "completed"
     await session.audio_in.put(None)
     await task
+
+
+async def test_with_playback_reports_the_history_keeps_what_was_heard_not_what_was_sent() -> None:
+    """The server sends audio up to output_lead_ms ahead; the client reports what it played. On
+    barge-in the history keeps the words of the played audio (carried forward to the moment of the
+    barge-in), not the words of everything sent."""
+    llm = FakeLLM([STORY, "Okay."])
+    session, out = make_session(llm, ["Tell me a story.", "Stop."])
+    session.config = PipelineConfig(session.config.endpointing, session.config.asr, session.config.chunker,
+                                    SessionConfig(output_lead_ms=1500, output_chunk_ms=20), session.config.sampling)
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.4, False)
+    await out.wait(lambda: sum(len(a) for a in out.audio) >= 2 * 8000 * 1.5)  # 1.5 s sent at once
+    turn = session.reply.turn.turn_id if session.reply else 1
+    session.on_played(turn, 300.0)  # the client has played 0.3 s: three words at 0.1 s a word
+    await speak(session, 0.3, True)  # barge-in right after
+    await out.wait(lambda: done_events(out))
+    first = done_events(out)[0]
+    assert first.status == "interrupted"
+    sent_words = len(session_ledger_sent_text(out))
+    assert STORY.startswith(first.text) and 2 <= len(first.text.split()) <= 5, first.text
+    assert sent_words >= 12  # what was sent would have claimed four times as much
+    assert session.history[2].content == first.text
+    await session.audio_in.put(None)
+    await task
+
+
+def session_ledger_sent_text(out: RecordingOutbound) -> list[str]:
+    """The words the sent audio stands for (0.1 s a word at 8 kHz, 2 bytes a sample)."""
+    seconds = sum(len(a) for a in out.audio) / 2 / 8000
+    return STORY.split()[: int(seconds / 0.1)]
