@@ -49,6 +49,7 @@ async def asr_stage(
     tasks: set[asyncio.Task[None]] = set()
     finalized: set[int] = set()
     interval = int(recognizer.sample_rate * config.partial_interval_ms / 1000)
+    first_interval = int(recognizer.sample_rate * config.first_partial_ms / 1000)
 
     def spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
@@ -83,7 +84,8 @@ async def asr_stage(
                 chunks.append(event.samples)
                 size += len(event.samples)
                 idle = partial_task is None or partial_task.done()
-                if config.partials and early is None and size - partial_at >= interval and idle:
+                due = first_interval if partial_at == 0 else interval
+                if config.partials and early is None and size - partial_at >= due and idle:
                     partial_at = size
                     partial_task = spawn(partial(event.turn_id, np.concatenate(chunks)))
             elif isinstance(event, SpeechPaused):

@@ -26,6 +26,9 @@ class EndpointingConfig(BaseModel):
 class AsrStageConfig(BaseModel):
     partials: bool = True
     partial_interval_ms: int = Field(700, ge=100, description="new speech between interim transcripts")
+    first_partial_ms: int = Field(
+        300, ge=100, description="speech before a turn's first interim transcript: early, so that speech over the "
+        "bot is known to be words (an interruption) or not (a cough, a backchannel) quickly")
 
 
 class ChunkerConfig(BaseModel):
@@ -44,6 +47,14 @@ class SessionConfig(BaseModel):
     output_chunk_ms: int = Field(40, ge=10, le=500, description="reply audio per binary frame")
     output_lead_ms: int = Field(300, ge=0, description="how far reply audio may run ahead of real time")
     apology: str = "Sorry, I'm having trouble answering right now. Could you say that again?"
+    barge_in_max_hold_ms: int = Field(
+        1500, ge=0, description="while the bot talks, a caller's sound pauses its audio; a recognized word that is "
+        "not a backchannel interrupts it at once (from the first interim transcript, asr_stage.first_partial_ms), "
+        "a cough or a backchannel lets it go on, and speech that lasts this long interrupts it in any case")
+    backchannels: list[str] = Field(
+        default_factory=lambda: ["mm-hmm", "mhm", "hmm", "mm", "uh-huh", "yeah", "yes", "yep", "okay", "ok", "right",
+                                 "sure", "i see", "got it", "uh", "um"],
+        description="short replies that, said while the bot talks, do not interrupt it")
     speculation_relax_s: float = Field(
         4.0, ge=0, description="once this much reply audio waits to be played, the LLM drafts nothing "
         "(K capped at 0): it is far enough ahead of the caller's ears, and other calls get the CPU")

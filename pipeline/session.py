@@ -140,6 +140,12 @@ class Session:
         self.generation = 0  # bumped by every barge-in and every new reply
         self.preparing: asyncio.Task[None] | None = None  # the LLM's head start on the next prompt
         self.last_started = 0  # the turn id of the caller's latest speech
+        # Speech while the bot talks pauses its audio until it is known to be an interruption
+        # (sustained, or a real word) or not (a cough, a backchannel).
+        self.speaking = asyncio.Event()
+        self.speaking.set()  # set: the reply's audio may flow
+        self.pending_barge: int | None = None
+        self.barge_timer: asyncio.Task[None] | None = None
         self.held: list[str] = []  # final transcripts that came after the caller went on speaking
 
     # -- the input line --------------------------------------------------------------------------
@@ -155,6 +161,7 @@ class Session:
                 async for event in events:
                     await self._on_input(event)
         finally:
+            self._release_reply()
             if self.preparing is not None:
                 self.preparing.cancel()
             await self._cancel_reply("interrupted", send=False)
@@ -170,16 +177,27 @@ class Session:
             self.last_started = max(self.last_started, event.turn_id)
             await self.outbound.send_event(event)
             if self.reply is not None:
-                log.info("turn %d: barge-in", self.reply.turn.turn_id)
-                await self._cancel_reply("interrupted")
+                self._hold_reply(event.turn_id)
             return
         if isinstance(event, SpeechStopped):
+            if self.pending_barge == event.turn_id and self.barge_timer is not None:
+                self.barge_timer.cancel()  # short: its words (or none) decide
             turn = self.turns.setdefault(event.turn_id, Turn(event.turn_id))
             turn.mark("speech_end", event.at)
             turn.ended_at = event.ended_at
             await self.outbound.send_event(event)
             return
         await self.outbound.send_event(event)
+        if (isinstance(event, TranscriptPartial) and self.pending_barge == event.turn_id
+                and not self._is_backchannel(event.text)):
+            await self._barge_in("a word")
+        if isinstance(event, TranscriptFinal) and self.pending_barge == event.turn_id:
+            if self._is_backchannel(event.text):
+                log.info("turn %d: %r while the bot talks: not an interruption", event.turn_id, event.text)
+                self._release_reply()
+                self.turns.pop(event.turn_id, None)
+                return
+            await self._barge_in("a word")
         if isinstance(event, TranscriptPartial) and self.reply is None and event.text.strip():
             self._prepare((*self._prompt(), ChatMessage("user", event.text.strip())))
         if isinstance(event, TranscriptFinal):
@@ -200,6 +218,47 @@ class Session:
                 await self._start_reply(turn, text)
             else:
                 self.turns.pop(event.turn_id, None)
+
+    def _is_backchannel(self, text: str) -> bool:
+        """Nothing recognized, or only backchannel words ("mm-hmm", "yeah", "okay"...)."""
+        def norm(t: str) -> str:
+            return "".join(ch for ch in t.lower() if ch.isalnum() or ch == " ")
+
+        phrases = {norm(p).replace(" ", "") for p in self.config.session.backchannels}
+        singles = {w for p in self.config.session.backchannels for w in norm(p).split()}
+        said = norm(text.replace("-", ""))
+        return not said.split() or said.replace(" ", "") in phrases or all(w in singles for w in said.split())
+
+    def _hold_reply(self, turn_id: int) -> None:
+        """The caller makes a sound while the bot talks: pause the reply's audio until its words
+        decide (a word that is not a backchannel interrupts; nothing or a backchannel lets the
+        reply go on), or until it has lasted barge_in_max_hold_ms, which interrupts in any case."""
+        self.speaking.clear()
+        self.pending_barge = turn_id
+        if self.barge_timer is not None:
+            self.barge_timer.cancel()
+        cfg = self.config
+        wait = max(0, cfg.session.barge_in_max_hold_ms - cfg.endpointing.min_speech_ms) / 1000
+        self.barge_timer = asyncio.create_task(self._barge_after(wait, turn_id))
+
+    async def _barge_after(self, wait: float, turn_id: int) -> None:
+        await self.clock.sleep(wait)
+        if self.pending_barge == turn_id:
+            await self._barge_in("sustained speech")
+
+    async def _barge_in(self, why: str) -> None:
+        reply = self.reply
+        self._release_reply()
+        if reply is not None:
+            log.info("turn %d: barge-in (%s)", reply.turn.turn_id, why)
+            await self._cancel_reply("interrupted")
+
+    def _release_reply(self) -> None:
+        self.pending_barge = None
+        timer, self.barge_timer = self.barge_timer, None
+        if timer is not None and timer is not asyncio.current_task():
+            timer.cancel()
+        self.speaking.set()
 
     def on_played(self, turn_id: int, played_ms: float) -> None:
         """The client's playback clock (native `output_audio.played`, phone marks): how much of the
@@ -236,6 +295,7 @@ class Session:
 
     # -- the reply line --------------------------------------------------------------------------
     async def _start_reply(self, turn: Turn, text: str) -> None:
+        self._release_reply()
         await self._cancel_reply("interrupted")
         self.history.append(ChatMessage("user", text))
         self.generation += 1
@@ -325,6 +385,8 @@ class Session:
             for start in range(0, len(item.samples), chunk):
                 piece = item.samples[start:start + chunk]
                 duration = len(piece) / self.output_rate
+                if not self.speaking.is_set():  # the caller makes a sound: hold until it is known what
+                    await self.speaking.wait()
                 now = self.clock.now()
                 begins = max(playhead if playhead is not None else now, now)
                 if begins - lead > now:

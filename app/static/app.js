@@ -163,11 +163,9 @@ function onEvent(event) {
       if (mic) setState("listening");
       break;
     case "speech.started":
-      // the caller talks: any reply still playing is interrupted (barge-in), and its late audio
-      // is dropped; the server first hears how far playback got
+      // the caller makes a sound: the server holds the reply's audio until it knows whether this
+      // interrupts (sustained speech, a word) or not (a cough, "mm-hmm"); tell it how far we got
       playback.report();
-      if (playback.flush()) voiceAgent.playbackFlushes++;
-      playback.flushedTurn = playback.replyTurn;
       break;
     case "transcript.partial":
       userText(event.turn_id, event.text, false);
@@ -181,6 +179,12 @@ function onEvent(event) {
       botText(event.turn_id, event.text);
       break;
     case "response.done":
+      if (event.status === "interrupted" && event.turn_id === playback.replyTurn) {
+        // barge-in: stop what is still playing, and drop the turn's late audio
+        playback.report();
+        if (playback.flush()) voiceAgent.playbackFlushes++;
+        playback.flushedTurn = playback.replyTurn;
+      }
       latencyRow(event);
       if (event.status !== "completed") lines.get(event.turn_id)?.bot?.classList.add(event.status);
       break;

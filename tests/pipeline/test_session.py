@@ -263,11 +263,13 @@ async def test_with_playback_reports_the_history_keeps_what_was_heard_not_what_w
     await out.wait(lambda: sum(len(a) for a in out.audio) >= 2 * 8000 * 1.5)  # 1.5 s sent at once
     turn = session.reply.turn.turn_id if session.reply else 1
     session.on_played(turn, 300.0)  # the client has played 0.3 s: three words at 0.1 s a word
-    await speak(session, 0.3, True)  # barge-in right after
+    await speak(session, 0.3, True)  # the caller interrupts at once ("Stop.")
+    await speak(session, 0.4, False)
     await out.wait(lambda: done_events(out))
     first = done_events(out)[0]
     assert first.status == "interrupted"
     sent_words = len(session_ledger_sent_text(out))
+    # 0.3 s reported, carried forward at playback speed to the barge-in moments later
     assert STORY.startswith(first.text) and 2 <= len(first.text.split()) <= 5, first.text
     assert sent_words >= 12  # what was sent would have claimed four times as much
     assert session.history[2].content == first.text
