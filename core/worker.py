@@ -26,7 +26,6 @@ class CpuGate:
         self._cond = threading.Condition()
         self._urgent = 0
         self.max_wait_s = max_wait_s  # a background job never waits longer than this
-        self.waits = 0  # background jobs that had to wait (for tests and benchmarks)
 
     @contextlib.contextmanager
     def urgent(self) -> Iterator[None]:
@@ -42,7 +41,6 @@ class CpuGate:
     def wait_for_urgent(self) -> None:
         with self._cond:
             if self._urgent:
-                self.waits += 1
                 self._cond.wait_for(lambda: self._urgent == 0, timeout=self.max_wait_s)
 
 

@@ -33,11 +33,6 @@ def is_ready(pack: Pack, root: Path | None = None) -> bool:
     return (folder / MANIFEST).is_file() and all((folder / f.name).is_file() for f in pack.files)
 
 
-def loadable_dir(pack: Pack, root: Path | None = None) -> Path:
-    """The folder an engine loads: the pack folder (a GGUF pack's file is in it as model.gguf)."""
-    return pack_dir(pack, root)
-
-
 def converted_dir(pack: Pack, root: Path | None = None) -> Path:
     """Where a GGUF pack's one-time conversion for the PyTorch runtime is kept."""
     return pack_dir(pack, root) / "hf"
@@ -88,7 +83,7 @@ def resolve(ref: str, root: Path | None = None) -> str:
                 f"model pack {pack.name!r} is not in the cache ({pack_dir(pack, root)}); "
                 f"fetch it with: voice-agent models fetch {pack.name}"
             )
-        return str(loadable_dir(pack, root))
+        return str(pack_dir(pack, root))
     if ref.startswith("pack:"):
         raise ModelMissingError(f"unknown model pack {ref!r}; known packs: {', '.join(PACKS)}")
     path = Path(ref).expanduser()

@@ -38,7 +38,6 @@ def download_wheel(source: WheelSource, dest_dir: Path) -> Path:
     """Download one wheel with pip itself (`pip download --no-deps`), so that the index, mirrors,
     proxies and certificates pip is configured with are the ones used, and pip checks the hash the
     index publishes. pip shows its own progress bar."""
-    before = set(dest_dir.glob("*.whl"))
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
                "--disable-pip-version-check", "--dest", str(dest_dir), f"{source.project}=={source.version}"]
     try:
@@ -50,9 +49,7 @@ def download_wheel(source: WheelSource, dest_dir: Path) -> Path:
                               f"{done.returncode}, its message is above); check the network and the index pip is "
                               "configured with (`pip config list`), then fetch again")
     wanted = f"{_normalize(source.project).replace('-', '_')}-{source.version}-"
-    found = [w for w in set(dest_dir.glob("*.whl")) - before if w.name.lower().startswith(wanted)]
-    if not found:
-        found = [w for w in dest_dir.glob("*.whl") if w.name.lower().startswith(wanted)]
+    found = [w for w in dest_dir.glob("*.whl") if w.name.lower().startswith(wanted)]
     if len(found) != 1:
         raise ModelFetchError(f"pip downloaded no single wheel of {source.project}=={source.version} into {dest_dir}")
     return found[0]

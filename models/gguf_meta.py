@@ -1,5 +1,5 @@
 """Reading a GGUF file's header: the few metadata values the memory guard needs, without loading
-the model (the file's key-value section, stopping once the wanted keys are found)."""
+the model (the file's key-value section; its arrays, the tokenizer's, are skipped over)."""
 
 from __future__ import annotations
 
@@ -44,9 +44,8 @@ def _value(f: BinaryIO, kind: int, keep: bool) -> Any:
     raise ValueError(f"unknown GGUF value type {kind}")
 
 
-def read_metadata(path: str | Path, wanted: set[str] | None = None) -> dict[str, Any]:
-    """Scalar and string metadata of a GGUF file (arrays are skipped); all of it, or until every
-    key of `wanted` (names without the architecture prefix resolved by the caller) is read."""
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """Scalar and string metadata of a GGUF file (arrays are skipped)."""
     try:
         with open(path, "rb") as f:
             if f.read(4) != b"GGUF":
@@ -61,8 +60,6 @@ def read_metadata(path: str | Path, wanted: set[str] | None = None) -> dict[str,
                 value = _value(f, kind, keep=True)
                 if value is not None:
                     meta[key] = value
-                if wanted is not None and wanted <= meta.keys():
-                    break
             return meta
     except (OSError, EOFError, ValueError, struct.error) as exc:
         raise ModelMissingError(f"cannot read the GGUF header of {path}: {exc}") from exc

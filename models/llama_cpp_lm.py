@@ -120,11 +120,6 @@ class LlamaCppLM:
                  threads, ctx_params.n_ctx)
 
     # -- facts -----------------------------------------------------------------------------------
-    def _meta(self, key: str) -> str | None:
-        buf = ctypes.create_string_buffer(256)
-        n = self.lib.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
-
     def _precision(self) -> str:
         """The GGUF file type's name (e.g. Q4_K_M), from the model's own description."""
         buf = ctypes.create_string_buffer(256)
@@ -136,9 +131,6 @@ class LlamaCppLM:
             if desc.endswith(text):
                 return short
         return desc.split(" ", 2)[-1] if " " in desc else desc
-
-    def model_bytes(self) -> int:
-        return int(self.lib.llama_model_size(self.model))
 
     # -- text ------------------------------------------------------------------------------------
     def _chat_template(self) -> Any:

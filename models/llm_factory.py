@@ -56,7 +56,7 @@ def _load_llama(config: LlmConfig, refs: list[str], threads: int,
 def _load_torch(config: LlmConfig, refs: list[str], threads: int,
                 sequences: int) -> tuple[CausalLM, CausalLM | None]:
     from models.speculative.memory import footprint
-    from models.torch_lm import TorchLM, choose_dtype, choose_quantization
+    from models.torch_lm import TorchLM, choose_dtype, measure_quantization
 
     paths = [resolve_torch(r) for r in refs]
     dtype = str(choose_dtype(config.dtype)).removeprefix("torch.")
@@ -68,9 +68,11 @@ def _load_torch(config: LlmConfig, refs: list[str], threads: int,
     log.info("memory estimate %.2f GiB within the %.1f GiB budget", total / (1 << 30),
              config.speculative.memory_budget_gb)
     quantize: str = config.quantize
+    lm: TorchLM | None = None
     if quantize == "auto":
-        quantize = choose_quantization(paths[0], dtype=config.dtype, threads=threads)
-    lm = TorchLM.load(paths[0], dtype=config.dtype, threads=threads, quantize=quantize)
+        quantize, lm = measure_quantization(paths[0], dtype=config.dtype, threads=threads)
+    if lm is None:
+        lm = TorchLM.load(paths[0], dtype=config.dtype, threads=threads, quantize=quantize)
     draft = None
     if len(paths) > 1:
         from models.int8 import int8_error, int8_is_accurate

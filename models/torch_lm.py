@@ -188,10 +188,16 @@ class TorchLM:
 
 
 def choose_quantization(path: str, *, dtype: str = "auto", threads: int = 0) -> str:
-    """"int8" only where int8 linear layers are actually faster on this CPU than the float dtype,
-    measured here on a 64-token prompt and single-token steps (a short reply's work). On AVX-512
-    VNNI CPUs int8 wins; on AVX2-only ones `torch._int_mm` was 2x slower per token and 23x slower
-    in prefill than float32."""
+    """"int8" only where int8 linear layers are accurate and faster on this CPU than the float dtype,
+    else "none" (see measure_quantization)."""
+    return measure_quantization(path, dtype=dtype, threads=threads)[0]
+
+
+def measure_quantization(path: str, *, dtype: str = "auto", threads: int = 0) -> tuple[str, TorchLM | None]:
+    """Measure int8 linear layers against the float dtype on a 64-token prompt and single-token
+    steps (a short reply's work). On AVX-512 VNNI CPUs int8 wins; on AVX2-only ones `torch._int_mm`
+    was 2x slower per token and 23x slower in prefill than float32, and inaccurate. Returns the
+    choice, and the int8 model when it won (it is already loaded: the caller need not load it again)."""
     import statistics
 
     from core.clock import MonotonicClock
@@ -200,7 +206,7 @@ def choose_quantization(path: str, *, dtype: str = "auto", threads: int = 0) -> 
     if not int8_is_accurate():
         log.info("quantize auto: int8 products lose precision on this CPU (relative error %.2f): using none",
                  int8_error())
-        return "none"
+        return "none", None
 
     clock = MonotonicClock()
 
@@ -218,8 +224,9 @@ def choose_quantization(path: str, *, dtype: str = "auto", threads: int = 0) -> 
         return prefill + 32 * statistics.median(steps[1:])
 
     float_cost = cost(TorchLM.load(path, dtype=dtype, threads=threads, quantize="none"))
-    int8_cost = cost(TorchLM.load(path, dtype=dtype, threads=threads, quantize="int8"))
+    int8_lm = TorchLM.load(path, dtype=dtype, threads=threads, quantize="int8")
+    int8_cost = cost(int8_lm)
     choice = "int8" if int8_cost < float_cost else "none"
     log.info("quantize auto: a 64-token prompt and 32 tokens cost %.0f ms in %s, %.0f ms with int8 layers: "
              "using %s", float_cost * 1000, dtype, int8_cost * 1000, choice)
-    return choice
+    return choice, int8_lm if choice == "int8" else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -111,6 +112,18 @@ async def _one(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:
     yield item
 
 
+def _plain_words(text: str) -> str:
+    return "".join(ch for ch in text.lower() if ch.isalnum() or ch == " ")
+
+
+@functools.cache
+def _backchannel_forms(backchannels: tuple[str, ...]) -> tuple[frozenset[str], frozenset[str]]:
+    """The configured backchannels as whole phrases without spaces ("mmhmm", "gotit") and as
+    single words."""
+    return (frozenset(_plain_words(p.replace("-", "")).replace(" ", "") for p in backchannels),
+            frozenset(w for p in backchannels for w in _plain_words(p.replace("-", "")).split()))
+
+
 class Session:
     def __init__(
         self,
@@ -142,8 +155,8 @@ class Session:
         self.last_started = 0  # the turn id of the caller's latest speech
         # Speech while the bot talks pauses its audio until it is known to be an interruption
         # (sustained, or a real word) or not (a cough, a backchannel).
-        self.speaking = asyncio.Event()
-        self.speaking.set()  # set: the reply's audio may flow
+        self.reply_audio_open = asyncio.Event()
+        self.reply_audio_open.set()
         self.pending_barge: int | None = None
         self.barge_timer: asyncio.Task[None] | None = None
         self.held: list[str] = []  # final transcripts that came after the caller went on speaking
@@ -221,19 +234,15 @@ class Session:
 
     def _is_backchannel(self, text: str) -> bool:
         """Nothing recognized, or only backchannel words ("mm-hmm", "yeah", "okay"...)."""
-        def norm(t: str) -> str:
-            return "".join(ch for ch in t.lower() if ch.isalnum() or ch == " ")
-
-        phrases = {norm(p).replace(" ", "") for p in self.config.session.backchannels}
-        singles = {w for p in self.config.session.backchannels for w in norm(p).split()}
-        said = norm(text.replace("-", ""))
+        phrases, singles = _backchannel_forms(tuple(self.config.session.backchannels))
+        said = _plain_words(text.replace("-", ""))
         return not said.split() or said.replace(" ", "") in phrases or all(w in singles for w in said.split())
 
     def _hold_reply(self, turn_id: int) -> None:
         """The caller makes a sound while the bot talks: pause the reply's audio until its words
         decide (a word that is not a backchannel interrupts; nothing or a backchannel lets the
         reply go on), or until it has lasted barge_in_max_hold_ms, which interrupts in any case."""
-        self.speaking.clear()
+        self.reply_audio_open.clear()
         self.pending_barge = turn_id
         if self.barge_timer is not None:
             self.barge_timer.cancel()
@@ -258,7 +267,7 @@ class Session:
         timer, self.barge_timer = self.barge_timer, None
         if timer is not None and timer is not asyncio.current_task():
             timer.cancel()
-        self.speaking.set()
+        self.reply_audio_open.set()
 
     def on_played(self, turn_id: int, played_ms: float) -> None:
         """The client's playback clock (native `output_audio.played`, phone marks): how much of the
@@ -267,15 +276,14 @@ class Session:
         if reply is None or reply.turn.turn_id != turn_id:
             return
         played = int(played_ms * self.output_rate / 1000)
-        sent = sum(reply.ledger.sent.values())
-        reply.played_samples = min(sent, max(played, reply.played_samples or 0))
+        reply.played_samples = min(reply.ledger.sent_samples(), max(played, reply.played_samples or 0))
         reply.played_at = self.clock.now()
 
     def _heard_samples(self, reply: Reply) -> int:
         """The client's last report, carried forward at playback speed to now, within what was sent."""
         assert reply.played_samples is not None
         since = max(0.0, self.clock.now() - reply.played_at)
-        return min(sum(reply.ledger.sent.values()), reply.played_samples + int(since * self.output_rate))
+        return min(reply.ledger.sent_samples(), reply.played_samples + int(since * self.output_rate))
 
     def _prepare(self, messages: tuple[ChatMessage, ...]) -> None:
         """Give the LLM a head start: prefill the conversation so far (and the caller's words while
@@ -385,10 +393,10 @@ class Session:
             for start in range(0, len(item.samples), chunk):
                 piece = item.samples[start:start + chunk]
                 duration = len(piece) / self.output_rate
-                if not self.speaking.is_set():  # the caller makes a sound: hold until it is known what
-                    await self.speaking.wait()
+                if not self.reply_audio_open.is_set():  # the caller makes a sound: hold until it is known what
+                    await self.reply_audio_open.wait()
                 now = self.clock.now()
-                begins = max(playhead if playhead is not None else now, now)
+                begins = now if playhead is None else max(playhead, now)
                 if begins - lead > now:
                     await self.clock.sleep(begins - lead - now)
                 if generation != self.generation:

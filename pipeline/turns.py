@@ -52,9 +52,12 @@ class PhraseLedger:
     def full_text(self) -> str:
         return " ".join(self.texts[i] for i in sorted(self.texts))
 
+    def sent_samples(self) -> int:
+        return sum(self.sent.values())
+
     def sent_text(self) -> str:
         """The reply as far as its audio went out."""
-        return self.text_until(sum(self.sent.values()))
+        return self.text_until(self.sent_samples())
 
     def text_until(self, samples: int) -> str:
         """The words whose audio lies within the first `samples` samples sent: whole phrases, then

@@ -27,13 +27,9 @@ class NgramProposer:
         pass
 
 
-def lookup(context: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """Up to k tokens that followed the most recent earlier match of the longest suffix n-gram."""
-    return lookup_match(context, k, min_n, max_n)[0]
-
-
 def lookup_match(context: list[int], k: int, min_n: int, max_n: int) -> tuple[list[int], int]:
-    """lookup(), and the length of the suffix n-gram that matched (0: none)."""
+    """Up to k tokens that followed the most recent earlier match of the longest suffix n-gram, and
+    the length of that n-gram (0: none matched)."""
     if k <= 0 or len(context) < min_n + 1:
         return [], 0
     seq = np.asarray(context, dtype=np.int64)

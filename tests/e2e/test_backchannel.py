@@ -1,6 +1,8 @@
-"""While the bot talks, a cough or a backchannel ("yeah") does not interrupt it: real audio (a
-non-speech noise burst made with sox, espeak-ng's "yeah") streamed over a real socket. The reply's
-audio pauses while the server finds out, then goes on, and the turn completes."""
+"""While the bot talks, a noise or a backchannel ("yeah") does not interrupt it: real audio (a
+non-speech noise burst made with sox, espeak-ng's "yeah") streamed over a real socket. The noise is
+not speech to the VAD at all; the "yeah" is, and the reply's audio pauses while the server finds out
+what was said, then goes on, and the turn completes. (A sound the VAD takes for speech but that
+holds no words is tested with fake engines in tests/pipeline/test_session.py.)"""
 
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ async def test_a_cough_or_a_backchannel_does_not_interrupt(server: Server, tmp_p
     assert done["status"] == "completed", done
     # the sound made no turn of its own that got a reply
     assert not [e for e in client.events("response.done") if e["turn_id"] != 1]
-    if sound == "yeah":  # it was heard as speech, and let go
-        after = [r.event for r in client.received[mark:] if r.event]
-        assert any(e["type"] == "speech.started" for e in after), after
+    after = [r.event for r in client.received[mark:] if r.event]
+    # "yeah" was heard as speech, and let go; the noise was never taken for speech
+    assert any(e["type"] == "speech.started" for e in after) == (sound == "yeah"), after
     await client.close()

@@ -281,3 +281,23 @@ def session_ledger_sent_text(out: RecordingOutbound) -> list[str]:
     """The words the sent audio stands for (0.1 s a word at 8 kHz, 2 bytes a sample)."""
     seconds = sum(len(a) for a in out.audio) / 2 / 8000
     return STORY.split()[: int(seconds / 0.1)]
+
+
+async def test_a_sound_without_words_over_the_bot_only_pauses_it() -> None:
+    """The (fake) VAD takes a short loud sound for speech, the recognizer finds no words in it (a
+    cough): the reply's audio pauses, then goes on, and the turn completes."""
+    llm = FakeLLM(["One two three four five six seven eight nine ten."])
+    session, out = make_session(llm, ["Count to ten.", ""])
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.4, False)
+    await out.wait(lambda: sum(len(a) for a in out.audio) >= 2 * 8000 * 0.3)
+    await speak(session, 0.1, True)  # the cough
+    await speak(session, 0.4, False)
+    await out.wait(lambda: done_events(out), timeout=10)
+    done = done_events(out)[0]
+    assert done.status == "completed" and done.text == "One two three four five six seven eight nine ten."
+    assert any(isinstance(e, SpeechStarted) and e.turn_id == 2 for e in out.events)  # it was heard
+    assert len(llm.requests) == 1  # and got no reply of its own
+    await session.audio_in.put(None)
+    await task
