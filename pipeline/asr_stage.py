@@ -45,7 +45,7 @@ async def asr_stage(
     config: AsrStageConfig,
     clock: Clock,
 ) -> AsyncGenerator[InputEvent, None]:
-    out: asyncio.Queue[object] = asyncio.Queue()
+    out: asyncio.Queue[object] = asyncio.Queue(maxsize=config.max_queued_events)  # full: the VAD waits
     tasks: set[asyncio.Task[None]] = set()
     finalized: set[int] = set()
     interval = int(recognizer.sample_rate * config.partial_interval_ms / 1000)

@@ -29,6 +29,9 @@ class AsrStageConfig(BaseModel):
     first_partial_ms: int = Field(
         300, ge=100, description="speech before a turn's first interim transcript: early, so that speech over the "
         "bot is known to be words (an interruption) or not (a cough, a backchannel) quickly")
+    max_queued_events: int = Field(
+        256, ge=8, description="speech and transcript events waiting for the session; beyond it the VAD waits, "
+        "and the socket's audio backlog limit (server.max_audio_backlog_ms) drops the caller's newest audio")
 
 
 class ChunkerConfig(BaseModel):
@@ -58,3 +61,6 @@ class SessionConfig(BaseModel):
     speculation_relax_s: float = Field(
         4.0, ge=0, description="once this much reply audio waits to be played, the LLM drafts nothing "
         "(K capped at 0): it is far enough ahead of the caller's ears, and other calls get the CPU")
+    max_playout_s: float = Field(
+        20.0, gt=0, description="reply audio synthesized but not yet sent; beyond it the LLM and the TTS wait for "
+        "playback, so a long reply holds a bounded amount of memory and leaves the CPU to other calls")

@@ -103,7 +103,8 @@ class Reply:
     error: str | None = None
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     finished: bool = False
-    queued_samples: int = 0  # produced but not yet sent
+    queued_samples: int = 0  # produced but not yet sent (bounded by session.max_playout_s)
+    room: asyncio.Event = field(default_factory=asyncio.Event)  # set while queued_samples is under the bound
     played_samples: int | None = None  # what the client says it has played (None: it has not said)
     played_at: float = 0.0  # clock time of that report
 
@@ -343,8 +344,7 @@ class Session:
                     elif isinstance(event, ReplyAudio):
                         turn.mark("tts_first_audio", event.at)
                         reply.ledger.add_audio(event.phrase_index, len(event.samples))
-                        reply.queued_samples += len(event.samples)
-                        await reply.playout.put(event)
+                        await self._queue_audio(reply, event)
                     elif isinstance(event, ReplyFinished):
                         reply.stats = event.stats
                         if event.error:
@@ -375,8 +375,17 @@ class Session:
         for chunk in chunks:
             audio = resample(np.asarray(chunk, dtype=np.float32), tts.sample_rate, self.output_rate)
             reply.turn.mark("tts_first_audio", self.clock.now())
-            reply.queued_samples += len(audio)
-            await reply.playout.put(ReplyAudio(reply.turn.turn_id, -1, audio, self.clock.now()))
+            await self._queue_audio(reply, ReplyAudio(reply.turn.turn_id, -1, audio, self.clock.now()))
+
+    async def _queue_audio(self, reply: Reply, audio: ReplyAudio) -> None:
+        """Queue audio for the player, first waiting while max_playout_s of it waits to be sent: the
+        LLM and the TTS pause with it, instead of filling memory far ahead of the caller's ears."""
+        bound = int(self.config.session.max_playout_s * self.output_rate)
+        while reply.queued_samples >= bound:
+            reply.room.clear()
+            await reply.room.wait()
+        reply.queued_samples += len(audio.samples)
+        await reply.playout.put(audio)
 
     async def _play(self, reply: Reply, generation: int) -> None:
         """Send the playout queue's audio in fixed chunks, paced by a virtual playhead: where the
@@ -387,6 +396,7 @@ class Session:
         cfg = self.config.session
         lead = cfg.output_lead_ms / 1000
         chunk = max(1, self.output_rate * cfg.output_chunk_ms // 1000)
+        bound = int(cfg.max_playout_s * self.output_rate)
         playhead: float | None = None
         relaxed = False
         while (item := await reply.playout.get()) is not None:
@@ -407,6 +417,8 @@ class Session:
                 playhead = begins + duration
                 reply.ledger.add_sent(item.phrase_index, len(piece))
                 reply.queued_samples -= len(piece)
+                if reply.queued_samples < bound:
+                    reply.room.set()
                 # The TTS token-rate budget: far ahead of playback, speculation buys nothing.
                 ahead = reply.queued_samples / self.output_rate + (playhead - self.clock.now())
                 if (ahead > cfg.speculation_relax_s) != relaxed:

@@ -301,3 +301,33 @@ async def test_a_sound_without_words_over_the_bot_only_pauses_it() -> None:
     assert len(llm.requests) == 1  # and got no reply of its own
     await session.audio_in.put(None)
     await task
+
+
+async def test_reply_audio_waiting_to_be_sent_is_bounded_and_the_llm_waits_for_it() -> None:
+    llm = FakeLLM([STORY])
+    llm.token_delay = 0.0
+    session, out = make_session(llm, ["Tell me a story."])
+    session.config = PipelineConfig(session.config.endpointing, session.config.asr, session.config.chunker,
+                                    SessionConfig(output_lead_ms=0, output_chunk_ms=20, max_playout_s=0.5),
+                                    session.config.sampling)
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    most = 0
+    read_all_at_sent: int | None = None  # audio sent when the LLM's whole story had gone through
+    while not done_events(out):
+        reply = session.reply
+        if reply is not None:
+            most = max(most, reply.queued_samples)
+            if read_all_at_sent is None and reply.stats is not None:
+                read_all_at_sent = sum(len(a) for a in out.audio) // 2
+        await asyncio.sleep(0.01)
+    # A phrase is at most max_words (24) words of 0.1 s: the queue never holds more than the bound
+    # plus the one phrase that was queued while under it.
+    longest_phrase = int(2.4 * 8000)
+    assert 0 < most <= int(0.5 * 8000) + longest_phrase, most
+    # ~4 s of story: the generation finished only once playback had made room, not at the start
+    assert read_all_at_sent is not None and read_all_at_sent > int(1.0 * 8000), read_all_at_sent
+    assert done_events(out)[0].status == "completed" and done_events(out)[0].text == STORY
+    await session.audio_in.put(None)
+    await task
