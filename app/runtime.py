@@ -96,7 +96,8 @@ class Runtime:
             await self.vllm_metrics.stop()
         if self.backends is not None:
             await self.backends.llm.aclose()
-            for worker in (self.backends.vad_worker, self.backends.asr_worker, self.backends.tts_worker):
+            for worker in (self.backends.vad_worker, self.backends.turn_worker, self.backends.asr_worker,
+                           self.backends.tts_worker):
                 worker.shutdown()
 
 
@@ -115,6 +116,12 @@ def load_backends(settings: Settings, clock: Clock, say: object = print) -> Back
     report = say if callable(say) else print
     report("loading VAD")
     vad = registry.load_vad(settings.vad)
+    turn = None
+    if settings.turn.engine != "off":
+        report(f"loading the end-of-turn model ({settings.turn.model})")
+        turn = registry.load_turn(settings.turn)
+        if turn is not None:
+            turn.probability(np.zeros(turn.sample_rate, dtype=np.float32))
     report(f"loading ASR ({settings.asr.engine}, {settings.asr.model})")
     asr = registry.load_asr(settings.asr)
     asr.transcribe(np.zeros(asr.sample_rate, dtype=np.float32))
@@ -130,5 +137,5 @@ def load_backends(settings: Settings, clock: Clock, say: object = print) -> Back
     warm_up = getattr(llm, "warm_up", None)
     if callable(warm_up):
         warm_up(settings.session.system_prompt)
-    return Backends(vad=vad, asr=asr, tts=tts, llm=llm)
+    return Backends(vad=vad, asr=asr, tts=tts, llm=llm, turn=turn)
 

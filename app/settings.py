@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from core.errors import ConfigError
-from models.config import AsrConfig, LlmConfig, TtsConfig, VadConfig
+from models.config import AsrConfig, LlmConfig, TtsConfig, TurnConfig, VadConfig
 from models.protocols import SamplingParams
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
 
@@ -43,6 +43,7 @@ class Settings(BaseSettings):
     server: ServerConfig = ServerConfig()
     vad: VadConfig = VadConfig()
     endpointing: EndpointingConfig = EndpointingConfig()
+    turn: TurnConfig = TurnConfig()
     asr: AsrConfig = AsrConfig()
     asr_stage: AsrStageConfig = AsrStageConfig()
     llm: LlmConfig = LlmConfig()

@@ -97,7 +97,12 @@ def event_json(event: OutEvent) -> dict[str, Any]:
     if isinstance(event, SpeechStarted):
         return {"type": "speech.started", "turn_id": event.turn_id, "audio_start_ms": round(event.audio_ms)}
     if isinstance(event, SpeechStopped):
-        return {"type": "speech.stopped", "turn_id": event.turn_id, "audio_end_ms": round(event.audio_ms)}
+        ended_by = "max_turn" if event.forced else "turn_model" if event.turn_probability is not None else "silence"
+        stopped: dict[str, Any] = {"type": "speech.stopped", "turn_id": event.turn_id,
+                                   "audio_end_ms": round(event.audio_ms), "ended_by": ended_by}
+        if event.turn_probability is not None:
+            stopped["turn_probability"] = round(event.turn_probability, 3)
+        return stopped
     if isinstance(event, TranscriptPartial):
         return {"type": "transcript.partial", "turn_id": event.turn_id, "text": event.text}
     if isinstance(event, TranscriptFinal):

@@ -12,6 +12,14 @@ class VadConfig(BaseModel):
     engine: Literal["silero"] = "silero"
 
 
+class TurnConfig(BaseModel):
+    engine: Literal["smart-turn", "off"] = Field(
+        "smart-turn", description="end-of-turn model asked at each pause; off: the turn ends after "
+        "endpointing.end_silence_ms of silence")
+    model: str = Field("smart-turn-v3.2-cpu", description="pack name, or a folder or file with the ONNX model")
+    threads: int = Field(1, ge=1, description="CPU threads for the model (it runs once per pause)")
+
+
 class AsrConfig(BaseModel):
     engine: Literal["faster-whisper"] = "faster-whisper"
     model: str = Field("whisper-tiny.en", description="pack name, local folder, or Hugging Face id")

@@ -30,7 +30,7 @@ class PackFile:
 @dataclass(frozen=True)
 class Pack:
     name: str
-    kind: Literal["asr", "llm"]
+    kind: Literal["asr", "llm", "turn"]
     description: str
     license: str
     files: tuple[PackFile, ...]
@@ -108,6 +108,20 @@ PACKS: dict[str, Pack] = {
             ),
             convert="gguf",
         ),
+        Pack(
+            name="smart-turn-v3.2-cpu",
+            kind="turn",
+            description="Smart Turn v3.2 end-of-turn model, int8 ONNX for CPU (8.7 MB), from the pipecat-ai wheel",
+            license="BSD-2-Clause",
+            files=(
+                PackFile(
+                    "model.onnx",
+                    "2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f",
+                    (WheelSource("pipecat-ai", "1.14.0",
+                                 "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"),),
+                ),
+            ),
+        ),
     )
 }
 
@@ -125,6 +139,7 @@ def pack_named(name: str) -> Pack | None:
     return PACKS.get(ALIASES.get(name, name))
 
 
-# What `voice-agent models fetch` gets with no names: the ASR model, the default LLM (0.5B) and the
-# 1.5B that the speculative engine drafts for.
-DEFAULT_PACKS = ("whisper-tiny.en", "qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m")
+# What `voice-agent models fetch` gets with no names: the ASR model, the end-of-turn model, the
+# default LLM (0.5B) and the 1.5B that the speculative engine drafts for.
+DEFAULT_PACKS = ("whisper-tiny.en", "smart-turn-v3.2-cpu", "qwen2.5-coder-0.5b-instruct-q4_k_m",
+                 "qwen2.5-coder-1.5b-instruct-q4_k_m")

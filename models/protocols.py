@@ -31,6 +31,17 @@ class VoiceActivityDetector(Protocol):
     def new_stream(self) -> VadStream: ...
 
 
+class TurnDetector(Protocol):
+    """An end-of-turn model: from the turn's audio, how likely the caller has finished speaking."""
+
+    name: str
+    sample_rate: int
+
+    def probability(self, audio: Audio) -> float:
+        """Blocking: the probability (0-1) that the turn in this audio (16 kHz mono) is complete."""
+        ...
+
+
 class SpeechRecognizer(Protocol):
     sample_rate: int
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from core.clock import Clock
 from core.errors import BackendUnavailableError, ConfigError
-from models.config import AsrConfig, LlmConfig, TtsConfig, VadConfig
-from models.protocols import LanguageModel, SpeechRecognizer, Synthesizer, VoiceActivityDetector
+from models.config import AsrConfig, LlmConfig, TtsConfig, TurnConfig, VadConfig
+from models.protocols import LanguageModel, SpeechRecognizer, Synthesizer, TurnDetector, VoiceActivityDetector
 
 # engine name -> (module, class, what to install when the import fails)
 ENGINES: dict[str, dict[str, tuple[str, str, str]]] = {
@@ -42,6 +42,16 @@ def engine_class(kind: str, name: str) -> Any:
 def load_vad(config: VadConfig) -> VoiceActivityDetector:
     vad: VoiceActivityDetector = engine_class("vad", config.engine)()
     return vad
+
+
+def load_turn(config: TurnConfig) -> TurnDetector | None:
+    """The end-of-turn model, or None when turn.engine is off."""
+    if config.engine == "off":
+        return None
+    from models.cache import resolve
+    from models.turn_smart import SmartTurn
+
+    return SmartTurn(resolve(config.model), threads=config.threads)
 
 
 def load_asr(config: AsrConfig) -> SpeechRecognizer:

@@ -15,12 +15,19 @@ class EndpointingConfig(BaseModel):
     threshold: float = Field(0.5, gt=0, lt=1, description="speech probability that counts as speech")
     neg_threshold: float | None = Field(None, description="below this counts as silence (default threshold - 0.15)")
     min_speech_ms: int = Field(160, ge=0, description="speech must last this long to start a turn (or barge in)")
-    end_silence_ms: int = Field(480, ge=64, description="silence that ends the caller's turn")
+    end_silence_ms: int = Field(
+        480, ge=64, description="silence that ends the caller's turn when no end-of-turn model is used (turn.engine "
+        "= \"off\", or the model failed)")
     prefix_padding_ms: int = Field(300, ge=0, description="audio before the detected start given to ASR")
     max_turn_s: float = Field(30.0, gt=1, description="a turn longer than this is ended")
     early_final_ms: int = Field(
-        200, ge=0, description="after this much silence, start the final transcript while waiting for the "
-        "end of the turn (0: wait for the end); discarded if the caller goes on")
+        200, ge=0, description="a pause: after this much silence the end-of-turn model is asked whether the caller "
+        "has finished, and the final transcript starts (0: neither; the turn ends after end_silence_ms)")
+    turn_threshold: float = Field(
+        0.5, gt=0, lt=1, description="the end-of-turn model's probability at a pause above which the turn ends there")
+    incomplete_silence_ms: int = Field(
+        1000, ge=64, description="silence that ends a turn the end-of-turn model judged unfinished (the caller "
+        "paused mid-sentence and did not go on)")
 
 
 class AsrStageConfig(BaseModel):

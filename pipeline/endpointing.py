@@ -6,6 +6,8 @@ it on a real VAD, keeps the turn's audio, and yields SpeechStarted / SpeechAudio
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
@@ -14,7 +16,7 @@ import numpy as np
 
 from core.clock import Clock
 from core.worker import ModelWorker
-from models.protocols import VadStream
+from models.protocols import TurnDetector, VadStream
 from pipeline.config import EndpointingConfig
 from pipeline.events import (
     AudioFrame,
@@ -25,6 +27,10 @@ from pipeline.events import (
     SpeechStarted,
     SpeechStopped,
 )
+
+log = logging.getLogger(__name__)
+
+TURN_MODEL_S = 8.0  # the end-of-turn model hears at most the turn's last 8 s
 
 
 @dataclass(frozen=True)
@@ -42,11 +48,17 @@ class Endpointer:
     max_turn_s. Probabilities between the thresholds keep the current state (hysteresis).
     Within speech, `early_final_ms` of silence is a pause (the turn may be ending) and speech after
     a pause a resume.
+
+    With an end-of-turn model (`turn_model=True`), the caller of `feed` asks the model at each
+    pause and calls `end_turn` if it says the turn is complete; otherwise the turn ends only after
+    `incomplete_silence_ms`, the patience for a caller who stopped mid-sentence.
     """
 
-    def __init__(self, config: EndpointingConfig, window_ms: float) -> None:
+    def __init__(self, config: EndpointingConfig, window_ms: float, turn_model: bool = False) -> None:
         self.config = config
         self.window_ms = window_ms
+        self.end_silence_ms = config.incomplete_silence_ms if turn_model else config.end_silence_ms
+        self.pauses = 0  # pauses so far: tells whether a model's answer is about the pause still going on
         self.neg_threshold = (
             config.neg_threshold if config.neg_threshold is not None else max(0.01, config.threshold - 0.15)
         )
@@ -71,17 +83,26 @@ class Endpointer:
             self._run_ms += self.window_ms
         elif probability >= cfg.threshold:
             self._run_ms = 0.0
-        if self._run_ms >= cfg.end_silence_ms:
+        if self._run_ms >= self.end_silence_ms:
             return self._stop(self.position_ms - self._run_ms, forced=False)
         if self.position_ms - self._turn_start_ms >= cfg.max_turn_s * 1000:
             return self._stop(self.position_ms, forced=True)
         if 0 < cfg.early_final_ms <= self._run_ms and not self._paused:
             self._paused = True
+            self.pauses += 1
             return Decision("pause", self.position_ms - self._run_ms)
         if self._paused and self._run_ms == 0.0:
             self._paused = False
             return Decision("resume", self.position_ms)
         return None
+
+    def in_pause(self, pause: int) -> bool:
+        """Whether pause number `pause` is still going on (no speech since it began)."""
+        return self.in_speech and self._paused and self.pauses == pause
+
+    def end_turn(self) -> Decision:
+        """The end-of-turn model says the caller has finished: the turn ends where the silence began."""
+        return self._stop(self.position_ms - self._run_ms, forced=False)
 
     def _stop(self, end_ms: float, forced: bool) -> Decision:
         self.in_speech = False
@@ -98,49 +119,102 @@ async def vad_stage(
     clock: Clock,
     sample_rate: int = 16000,
     window_samples: int = 512,
+    turn: TurnDetector | None = None,
+    turn_worker: ModelWorker | None = None,
 ) -> AsyncGenerator[SpeechEvent, None]:
-    """Audio frames in; the caller's turns out, as start, audio chunks, stop."""
+    """Audio frames in; the caller's turns out, as start, audio chunks, pause, resume, stop.
+
+    With an end-of-turn model, each pause asks it (on `turn_worker`, while audio keeps flowing)
+    whether the turn is complete; a yes, if the caller is still silent, ends the turn at once."""
     window_ms = 1000.0 * window_samples / sample_rate
-    endpointer = Endpointer(config, window_ms)
+    use_model = turn is not None and config.early_final_ms > 0
+    endpointer = Endpointer(config, window_ms, turn_model=use_model)
     # Audio kept from before a detected start: the padding plus the speech that confirmed it.
     keep = int(sample_rate * (config.prefix_padding_ms + config.min_speech_ms) / 1000) + window_samples
     history: deque[np.ndarray] = deque()
     history_len = 0
+    spoken: deque[np.ndarray] = deque()  # the turn's audio so far, the last TURN_MODEL_S of it
+    spoken_len = 0
+    asking: tuple[int, asyncio.Task[float]] | None = None  # (pause number, the model's answer to come)
     pending = np.zeros(0, dtype=np.float32)  # samples not yet classified by the VAD
     consumed = 0  # samples classified so far
     turn_id = 0
-    async for frame in frames:
-        probs = await worker.run(vad.probabilities, frame.samples)
-        pending = np.concatenate([pending, frame.samples])
-        for prob in probs:
-            window, pending = pending[:window_samples], pending[window_samples:]
-            consumed += window_samples
-            decision = endpointer.feed(prob)
-            if endpointer.in_speech or (decision is not None and decision.kind == "stop"):
-                if decision is not None and decision.kind == "start":
-                    turn_id += 1
-                    yield SpeechStarted(turn_id, clock.now(), decision.audio_ms)
-                    pad_start = max(0.0, decision.audio_ms - config.prefix_padding_ms)
-                    history.append(window)
-                    yield SpeechAudio(turn_id, _tail(history, consumed, pad_start, sample_rate))
-                    history.clear()
-                    history_len = 0
+
+    def stopped(decision: Decision, frame: AudioFrame, probability: float | None) -> SpeechStopped:
+        # Audio arrives in real time and the frame's last sample came at frame.at, so the caller
+        # stopped (unclassified samples + silence waited for) before that.
+        behind_s = (len(pending) + consumed) / sample_rate - decision.audio_ms / 1000
+        return SpeechStopped(turn_id, clock.now(), decision.audio_ms, frame.at - behind_s, decision.forced,
+                             probability)
+
+    try:
+        async for frame in frames:
+            probs = await worker.run(vad.probabilities, frame.samples)
+            pending = np.concatenate([pending, frame.samples])
+            for prob in probs:
+                window, pending = pending[:window_samples], pending[window_samples:]
+                consumed += window_samples
+                decision = endpointer.feed(prob)
+                answer: float | None = None
+                if decision is None and asking is not None and asking[1].done():
+                    pause, task = asking
+                    asking = None
+                    answer = _answer(task)
+                    if answer is not None and answer >= config.turn_threshold and endpointer.in_pause(pause):
+                        decision = endpointer.end_turn()
+                if endpointer.in_speech or (decision is not None and decision.kind == "stop"):
+                    if decision is not None and decision.kind == "start":
+                        turn_id += 1
+                        yield SpeechStarted(turn_id, clock.now(), decision.audio_ms)
+                        pad_start = max(0.0, decision.audio_ms - config.prefix_padding_ms)
+                        history.append(window)
+                        first = _tail(history, consumed, pad_start, sample_rate)
+                        history.clear()
+                        history_len = 0
+                        spoken.clear()
+                        spoken.append(first)
+                        spoken_len = len(first)
+                        yield SpeechAudio(turn_id, first)
+                    else:
+                        spoken.append(window)
+                        spoken_len += len(window)
+                        while spoken_len - len(spoken[0]) >= TURN_MODEL_S * sample_rate:
+                            spoken_len -= len(spoken.popleft())
+                        yield SpeechAudio(turn_id, window)
+                    if decision is not None and decision.kind == "pause":
+                        if use_model:
+                            if asking is not None:
+                                asking[1].cancel()
+                            audio = np.concatenate(list(spoken))
+                            asking = (endpointer.pauses, asyncio.ensure_future(
+                                (turn_worker or worker).run(turn.probability, audio)))  # type: ignore[union-attr]
+                        yield SpeechPaused(turn_id, clock.now())
+                    elif decision is not None and decision.kind == "resume":
+                        yield SpeechResumed(turn_id, clock.now())
+                    elif decision is not None and decision.kind == "stop":
+                        if asking is not None:
+                            asking[1].cancel()
+                            asking = None
+                        yield stopped(decision, frame, answer)
                 else:
-                    yield SpeechAudio(turn_id, window)
-                if decision is not None and decision.kind == "pause":
-                    yield SpeechPaused(turn_id, clock.now())
-                elif decision is not None and decision.kind == "resume":
-                    yield SpeechResumed(turn_id, clock.now())
-                elif decision is not None and decision.kind == "stop":
-                    # Audio arrives in real time and the frame's last sample came at frame.at, so the
-                    # caller stopped (unclassified samples + silence waited for) before that.
-                    behind_s = (len(pending) + consumed) / sample_rate - decision.audio_ms / 1000
-                    yield SpeechStopped(turn_id, clock.now(), decision.audio_ms, frame.at - behind_s, decision.forced)
-            else:
-                history.append(window)
-                history_len += len(window)
-                while history_len - len(history[0]) >= keep:
-                    history_len -= len(history.popleft())
+                    history.append(window)
+                    history_len += len(window)
+                    while history_len - len(history[0]) >= keep:
+                        history_len -= len(history.popleft())
+    finally:
+        if asking is not None:
+            asking[1].cancel()
+
+
+def _answer(task: asyncio.Task[float]) -> float | None:
+    """The model's probability, or None (the turn then ends on silence) if it failed."""
+    if task.cancelled():
+        return None
+    exc = task.exception()
+    if exc is not None:
+        log.warning("the end-of-turn model failed (%s); this pause is judged on silence alone", exc)
+        return None
+    return task.result()
 
 
 def _tail(history: deque[np.ndarray], consumed: int, start_ms: float, sample_rate: int) -> np.ndarray:

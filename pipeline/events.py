@@ -34,7 +34,8 @@ class SpeechAudio:
 
 @dataclass(frozen=True)
 class SpeechPaused:
-    """The caller has been silent for `early_final_ms`: the turn may be ending."""
+    """The caller has been silent for `early_final_ms`: the turn may be ending (the end-of-turn model
+    is asked, and the final transcript starts)."""
 
     turn_id: int
     at: float
@@ -55,6 +56,7 @@ class SpeechStopped:
     audio_ms: float  # where speech ended in the caller's audio stream
     ended_at: float  # estimated clock time the caller actually stopped (at - the silence waited for)
     forced: bool = False  # cut at the turn length limit rather than by silence
+    turn_probability: float | None = None  # the end-of-turn model's answer at the pause that ended it
 
 
 @dataclass(frozen=True)

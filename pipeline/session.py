@@ -33,6 +33,7 @@ from models.protocols import (
     SamplingParams,
     SpeechRecognizer,
     Synthesizer,
+    TurnDetector,
     VoiceActivityDetector,
 )
 from pipeline.asr_stage import asr_stage
@@ -72,7 +73,10 @@ class Backends:
     asr: SpeechRecognizer
     tts: Synthesizer
     llm: LanguageModel
+    turn: TurnDetector | None = None  # the end-of-turn model (None: turns end on silence alone)
     vad_worker: ModelWorker = field(default_factory=lambda: ModelWorker("vad"))
+    # urgent like the ASR: a caller who paused waits for its answer
+    turn_worker: ModelWorker = field(default_factory=lambda: ModelWorker("turn", priority="urgent"))
     asr_worker: ModelWorker = field(default_factory=lambda: ModelWorker("asr", priority="urgent"))
     tts_worker: ModelWorker = field(default_factory=lambda: ModelWorker("tts"))
 
@@ -167,8 +171,9 @@ class Session:
         """Run until `audio_in` yields None (the caller hung up), then stop any reply."""
         self._prepare(tuple(self.history))
         vad_stream = self.backends.vad.new_stream()
-        speech = vad_stage(self._frames(), vad_stream, self.backends.vad_worker, self.config.endpointing,
-                           self.clock, self.backends.vad.sample_rate, self.backends.vad.window_samples)
+        b = self.backends
+        speech = vad_stage(self._frames(), vad_stream, b.vad_worker, self.config.endpointing, self.clock,
+                           b.vad.sample_rate, b.vad.window_samples, b.turn, b.turn_worker)
         events = asr_stage(speech, self.backends.asr, self.backends.asr_worker, self.config.asr, self.clock)
         try:
             async with contextlib.aclosing(events):

@@ -1,3 +1,5 @@
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -5,7 +7,7 @@ from core.clock import FakeClock
 from core.worker import ModelWorker
 from pipeline.config import EndpointingConfig
 from pipeline.endpointing import Endpointer, vad_stage
-from pipeline.events import AudioFrame, SpeechAudio, SpeechStarted, SpeechStopped
+from pipeline.events import AudioFrame, SpeechAudio, SpeechPaused, SpeechStarted, SpeechStopped
 
 WINDOW_MS = 32.0
 
@@ -101,3 +103,87 @@ async def test_vad_stage_yields_turn_with_padded_audio() -> None:
     assert len(turn_audio) / 16000 == pytest.approx(1.0 + 0.2 + 0.32, abs=0.07)
     # the true end of speech is estimated from arrival times: 1 s of audio after it was sent
     assert stopped.at - stopped.ended_at == pytest.approx(0.32, abs=0.05)
+
+
+def test_with_an_end_of_turn_model_silence_alone_waits_the_longer_patience() -> None:
+    ep = Endpointer(EndpointingConfig(min_speech_ms=96, end_silence_ms=480, early_final_ms=192,
+                                      incomplete_silence_ms=960), WINDOW_MS, turn_model=True)
+    kinds = [(d.kind, ep.position_ms) for p in [0.9] * 10 + [0.05] * 40 if (d := ep.feed(p))]
+    assert [k for k, _ in kinds] == ["start", "pause", "stop"]
+    assert kinds[-1][1] - 10 * WINDOW_MS == 960  # not 480: the model did not say the turn was over
+
+
+def test_a_models_yes_ends_the_turn_at_its_pause_but_not_after_the_caller_went_on() -> None:
+    cfg = EndpointingConfig(min_speech_ms=96, early_final_ms=192, incomplete_silence_ms=960)
+    ep = Endpointer(cfg, WINDOW_MS, turn_model=True)
+    for p in [0.9] * 10 + [0.05] * 7:
+        ep.feed(p)
+    pause = ep.pauses
+    assert ep.in_pause(pause)
+    ep.feed(0.9)  # the caller goes on before the answer came
+    assert not ep.in_pause(pause)
+    for p in [0.05] * 7:
+        ep.feed(p)
+    assert ep.in_pause(ep.pauses)
+    stop = ep.end_turn()
+    assert stop.kind == "stop" and stop.audio_ms == 18 * WINDOW_MS and not ep.in_speech
+
+
+class FakeTurnModel:
+    """A fake end-of-turn model with a fixed answer, named as one."""
+
+    name = "fake-turn"
+    sample_rate = 16000
+
+    def __init__(self, answer: float) -> None:
+        self.answer = answer
+        self.heard: list[int] = []
+
+    def probability(self, audio: np.ndarray) -> float:
+        self.heard.append(len(audio))
+        return self.answer
+
+
+async def stop_after(answer: float, gap_s: float = 0.0) -> tuple[SpeechStopped, FakeTurnModel, list[object]]:
+    """One second of speech (a second burst after `gap_s` of silence, if given), then silence."""
+    clock = FakeClock()
+    speech, silence = np.full(16000, 0.5, np.float32), np.zeros(32000, np.float32)
+    parts = [np.zeros(8000, np.float32), speech]
+    if gap_s:
+        parts += [np.zeros(int(16000 * gap_s), np.float32), speech]
+    audio = np.concatenate([*parts, silence])
+
+    async def frames():  # 20 ms frames, in real time: the model's answer comes between two of them
+        for i in range(0, len(audio), 320):
+            clock.advance(0.02)
+            await asyncio.sleep(0.002)
+            yield AudioFrame(audio[i:i + 320], clock.now())
+
+    cfg = EndpointingConfig(min_speech_ms=96, end_silence_ms=480, early_final_ms=192, incomplete_silence_ms=960)
+    model = FakeTurnModel(answer)
+    worker, turn_worker = ModelWorker("test-vad"), ModelWorker("test-turn")
+    events = [e async for e in vad_stage(frames(), ScriptedVad(), worker, cfg, clock, turn=model,
+                                         turn_worker=turn_worker)]
+    worker.shutdown()
+    turn_worker.shutdown()
+    stops = [e for e in events if isinstance(e, SpeechStopped)]
+    assert len(stops) == 1, events
+    return stops[0], model, events
+
+
+async def test_vad_stage_ends_the_turn_at_a_pause_the_model_calls_complete() -> None:
+    stopped, model, _ = await stop_after(0.9)
+    assert model.heard and model.heard[0] / 16000 >= 1.0  # it heard the turn's speech
+    assert stopped.turn_probability == 0.9
+    assert stopped.audio_ms == pytest.approx(1500, abs=32)
+    # decided within a few windows of the 192 ms pause, not after 480 or 960 ms of silence
+    assert stopped.at - stopped.ended_at < 0.35
+
+
+async def test_vad_stage_waits_out_a_pause_the_model_calls_unfinished() -> None:
+    stopped, _, events = await stop_after(0.1, gap_s=0.7)
+    # the 0.7 s pause mid-turn did not end it; the silence after the second burst did, after 960 ms
+    assert stopped.audio_ms == pytest.approx(3200, abs=32)
+    assert stopped.turn_probability is None
+    assert stopped.at - stopped.ended_at == pytest.approx(0.96, abs=0.06)
+    assert sum(isinstance(e, SpeechPaused) for e in events) == 2
