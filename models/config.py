@@ -81,6 +81,13 @@ class LlmConfig(BaseModel):
     top_k: int = Field(20, ge=0)
     max_tokens: int = Field(160, ge=1, le=4096)
     speculative: SpeculativeConfig = SpeculativeConfig()
+    schedule: Literal["edf", "fifo"] = Field(
+        "edf", description="embedded engine: the order in which the calls sharing the model get their next step; "
+        "edf (earliest deadline first): the call whose caller runs out of reply audio soonest (or waits for its "
+        "first) goes first, a call far ahead of its listener waits; fifo: first come, first served")
+    api_deadline_s: float = Field(
+        1.0, gt=0, description="embedded engine, schedule edf: each step of a /v1 chat completion is due this long "
+        "after it is asked for (calls whose audio runs out sooner go first; a call far ahead of its listener waits)")
     # engine "openai": any OpenAI-compatible server (vLLM in production)
     base_url: str = "http://localhost:8000/v1"
     api_key: str = ""
@@ -97,6 +104,9 @@ class LlmConfig(BaseModel):
     retry_max_wait_s: float = Field(
         default=1.0, ge=0, description="the longest wait before a retry: a caller is waiting, so a server that asks "
         "for longer is not retried and the caller hears the apology at once")
+    send_priority: bool = Field(
+        default=False, description="engine openai: send vLLM's `priority` request field (ms until the reply's first "
+        "audio is due; lower goes first); needs vLLM started with --scheduling-policy priority")
     vllm_metrics_url: str = Field(
         default="", description="vLLM's Prometheus endpoint (e.g. http://vllm:8000/metrics): its speculative-decoding "
                         "acceptance is re-exported at /metrics; empty: not read")

@@ -12,8 +12,8 @@ from typing import Protocol
 
 from core.clock import Clock
 from core.errors import ContextLengthError
-from core.worker import ModelWorker
-from models.generation import Decoder, Detokenizer, GenerationLoop, PlainDecoder
+from core.worker import Lane, ModelWorker, Schedule
+from models.generation import Decoder, Detokenizer, GenerationLoop, PlainDecoder, StepResult
 from models.lm import CausalLM, LMState
 from models.protocols import ChatMessage, GenerationDone, GenerationStats, LLMOutput, SamplingParams, TextDelta
 
@@ -62,12 +62,17 @@ class EmbeddedLLM:
     """LanguageModel on the embedded engine."""
 
     def __init__(self, lm: CausalLM, clock: Clock, strategy: DecodingStrategy | None = None,
-                 worker: ModelWorker | None = None, max_context_tokens: int = 4096) -> None:
+                 worker: ModelWorker | None = None, max_context_tokens: int = 4096,
+                 schedule: Schedule = "edf", api_deadline_s: float = 1.0) -> None:
+        """`schedule`: the order of the calls' steps on the one worker thread (see core/worker.py).
+        `api_deadline_s`: a generation whose conversation has no deadline (a /v1 request) has each
+        step due this long after it is asked for."""
         self.lm = lm
         self.max_context_tokens = max_context_tokens
         self.clock = clock
         self.strategy: DecodingStrategy = strategy or PlainStrategy(lm)
-        self.worker = worker or ModelWorker("llm", priority="background")
+        self.worker = worker or ModelWorker("llm", priority="background", schedule=schedule)
+        self.api_deadline_s = api_deadline_s
         self.name = lm.name
 
     def conversation(self) -> EmbeddedConversation:
@@ -96,6 +101,8 @@ class EmbeddedConversation:
         self.decoding = decoding
         self.state: LMState | None = None
         self.last_stats: GenerationStats | None = None  # the latest generation's, even one stopped early
+        # Its jobs on the shared worker, due when the reply's next tokens are (set_deadline).
+        self.lane = Lane()
 
     def _state(self) -> LMState:
         """The conversation's sequence, made on first use (on the worker thread)."""
@@ -118,18 +125,23 @@ class EmbeddedConversation:
     async def prepare(self, messages: Sequence[ChatMessage]) -> None:
         """Prefill the conversation so far (e.g. the system prompt at session start: a copy of the
         process's cache of it when it is the one computed before)."""
-        await self.llm.worker.run(self._prepare, messages)
+        # No deadline of its own: it runs after every job that has one, unless a reply begins
+        # while it waits (then it is due when the reply is).
+        self.lane.more, self.lane.fallback = False, None
+        await self.llm.worker.run_by(self.lane, self._prepare, messages)
 
     async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncGenerator[LLMOutput, None]:
         clock = self.llm.clock
         stats = GenerationStats()
-        prompt = await self.llm.worker.run(self._prompt, messages)
+        self._asking()
+        prompt = await self.llm.worker.run_by(self.lane, self._prompt, messages)
         limit = self.llm.max_context_tokens
         if len(prompt) + 1 > limit:
             raise ContextLengthError(f"the prompt has {len(prompt)} tokens; this model's context holds {limit} "
                                      "(llm.max_context_tokens): shorten the messages")
         params = replace(params, max_tokens=min(params.max_tokens, limit - len(prompt)))
-        state = await self.llm.worker.run(self._state)
+        self._asking()
+        state = await self.llm.worker.run_by(self.lane, self._state)
         decoder = self.decoding.decoder(state, params, stats)
         loop = GenerationLoop(self.llm.lm, decoder, prompt, params, stats)
         detok = Detokenizer(self.llm.lm)
@@ -138,7 +150,8 @@ class EmbeddedConversation:
         self.last_stats = stats
         try:
             while not loop.done:
-                result = await self.llm.worker.run(loop.step)
+                self._asking()
+                result = await self.llm.worker.run_by(self.lane, self._step, loop)
                 if first:
                     stats.time_to_first_token_ms = (clock.now() - started) * 1000
                     first = False
@@ -146,6 +159,7 @@ class EmbeddedConversation:
                 if text:
                     yield TextDelta(text)
         finally:  # also when the caller stops early (a stop string, a barge-in): the stats are real
+            self.lane.more, self.lane.fallback = False, None
             stats.duration_ms = (clock.now() - started) * 1000
             if not loop.done:
                 stats.finish_reason = "cancelled"
@@ -153,6 +167,20 @@ class EmbeddedConversation:
 
     def set_speculation_cap(self, cap: int | None) -> None:
         self.decoding.cap = cap
+
+    def set_deadline(self, at: float | None) -> None:
+        self.lane.deadline = at
+
+    def _asking(self) -> None:
+        """Before each job of a generation: more follow it, and with no deadline set (a /v1
+        request) it is due api_deadline_s from now."""
+        self.lane.more = True
+        self.lane.fallback = self.llm.clock.now() + self.llm.api_deadline_s
+
+    def _step(self, loop: GenerationLoop) -> StepResult:
+        result = loop.step()
+        self.lane.more = not loop.done  # read by the worker right after: is another step coming?
+        return result
 
     def _close(self) -> None:
         self.decoding.close()
@@ -163,4 +191,4 @@ class EmbeddedConversation:
     async def aclose(self) -> None:
         # RuntimeError: the worker has shut down with the whole engine, and nothing is left to free.
         with contextlib.suppress(RuntimeError):
-            await self.llm.worker.run(self._close)
+            await self.llm.worker.run_by(self.lane, self._close)

@@ -31,7 +31,8 @@ def load_embedded(config: LlmConfig, clock: Clock, *, sequences: int = 8) -> Emb
     strategy = SpeculativeStrategy(lm, clock, method=spec.method, fixed_k=fixed, max_k=spec.max_speculative_tokens,
                                    draft=draft, ngram_min=spec.ngram_min, ngram_max=spec.ngram_max,
                                    draft_copy_min=spec.draft_copy_min)
-    return EmbeddedLLM(lm, clock, strategy, max_context_tokens=config.max_context_tokens)
+    return EmbeddedLLM(lm, clock, strategy, max_context_tokens=config.max_context_tokens, schedule=config.schedule,
+                       api_deadline_s=config.api_deadline_s)
 
 
 def _load_llama(config: LlmConfig, refs: list[str], threads: int,

@@ -168,12 +168,23 @@ class OpenAIConversation:
 
     def __init__(self, llm: OpenAIChatLLM) -> None:
         self.llm = llm
+        self.deadline: float | None = None
 
     async def prepare(self, messages: Sequence[ChatMessage]) -> None:
         """Nothing to do ahead of time: the server's prefix cache keeps the prompt's KV."""
 
     def set_speculation_cap(self, cap: int | None) -> None:
         """Ignored: the server's speculative decoding is set when it starts (vLLM's --speculative-config)."""
+
+    def set_deadline(self, at: float | None) -> None:
+        """Sent as vLLM's `priority` where llm.send_priority is set (see _priority)."""
+        self.deadline = at
+
+    def _priority(self) -> int:
+        """vLLM's request priority (lower goes first): the ms until the reply is due, 0 when it is
+        overdue; a request with no deadline (a /v1 request) gets llm.api_deadline_s's worth."""
+        slack = self.llm.config.api_deadline_s if self.deadline is None else self.deadline - self.llm.clock.now()
+        return max(0, round(slack * 1000))
 
     async def aclose(self) -> None:
         """Nothing to release: the connection pool belongs to the OpenAIChatLLM."""
@@ -220,6 +231,8 @@ class OpenAIConversation:
             body["top_k"] = params.top_k  # vLLM's extension; 0 (off) is left to the server's default
         if params.seed is not None:
             body["seed"] = params.seed
+        if llm.config.send_priority:
+            body["priority"] = self._priority()
         usage: dict[str, Any] | None = None
         try:
             async with llm.client().stream("POST", "/chat/completions", json=body,

@@ -165,6 +165,12 @@ class Conversation(Protocol):
         """Limit the tokens drafted per step (None: no limit); backends without speculation ignore it."""
         ...
 
+    def set_deadline(self, at: float | None) -> None:
+        """When the reply's next tokens are due (a clock time: its first audio's budget, then when
+        its queued audio runs out), or None when no reply runs. A backend shared by several calls
+        serves the one due soonest first; one that cannot ignores it."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

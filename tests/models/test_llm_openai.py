@@ -379,6 +379,34 @@ async def test_request_body_model_lookup_and_usage_mapping() -> None:
         await llm.aclose()
 
 
+async def test_priority_is_sent_only_when_enabled() -> None:
+    """llm.send_priority: vLLM's `priority` field is the ms until the reply is due (0 when overdue);
+    without the setting no field is sent (a vLLM without priority scheduling refuses one)."""
+    async def script(ex: Exchange, n: int) -> None:
+        await ex.send(SSE_HEAD, delta("Hi.", finish="stop"), DONE)
+
+    fake = FakeLLMServer(script)
+    async with fake.running():
+        plain = make_llm(fake.base_url)
+        conversation = plain.conversation()
+        conversation.set_deadline(plain.clock.now() + 5.0)
+        async for _ in conversation.stream(MESSAGES, GREEDY):
+            pass
+        ranked = make_llm(fake.base_url, send_priority=True, api_deadline_s=2.0)
+        for due in (ranked.clock.now() + 5.0, ranked.clock.now() - 1.0, None):
+            conversation = ranked.conversation()
+            conversation.set_deadline(due)
+            async for _ in conversation.stream(MESSAGES, GREEDY):
+                pass
+        bodies = [ex.json() for ex in fake.exchanges]
+        assert "priority" not in bodies[0]
+        assert 4000 < bodies[1]["priority"] <= 5000
+        assert bodies[2]["priority"] == 0  # overdue: first
+        assert bodies[3]["priority"] == 2000  # no deadline (a /v1 request): llm.api_deadline_s
+        await plain.aclose()
+        await ranked.aclose()
+
+
 def test_warm_up_only_warns_when_the_server_is_down(caplog: pytest.LogCaptureFixture) -> None:
     base_url = f"http://127.0.0.1:{free_port()}/v1"
     llm = make_llm(base_url, remote_model="")
