@@ -23,7 +23,7 @@ from app.runtime import Runtime
 from app.wire import OutputAudioPlayed, SessionEnd, SessionStart, error_json, event_json, parse_client_text
 from core.errors import ProtocolError
 from pipeline.audio import StreamResampler, pcm16_to_float
-from pipeline.events import AudioFrame, OutEvent
+from pipeline.events import AudioFrame, OutEvent, ResponseDone
 from pipeline.session import Session
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class SocketOutbound:
         self.lock = asyncio.Lock()
         self.closed = False
         self.gone = asyncio.Event()  # set when the caller stopped reading or the socket broke
+        self.turns = self.deadline_misses = self.underruns = 0  # the call's, for its closing log line
 
     async def send_json(self, data: dict[str, Any]) -> None:
         if data.get("type") == "error":
@@ -52,6 +53,10 @@ class SocketOutbound:
         await self._send(self.websocket.send_text, json.dumps(data))
 
     async def send_event(self, event: OutEvent) -> None:
+        if isinstance(event, ResponseDone):
+            self.turns += 1
+            self.deadline_misses += event.deadline_missed
+            self.underruns += event.underruns
         await self.send_json(event_json(event))
 
     async def send_audio(self, pcm16: bytes) -> None:
@@ -265,4 +270,6 @@ async def ws_endpoint(websocket: WebSocket) -> None:
     finally:
         runtime.sessions.discard(connection.session_id)
         runtime.metrics.active_sessions.set(len(runtime.sessions))
-        log.info("%s closed", connection.session_id)
+        out = connection.outbound
+        log.info("%s closed: %d replies, %d deadline misses, %d underruns", connection.session_id, out.turns,
+                 out.deadline_misses, out.underruns)

@@ -4,8 +4,10 @@ Whisper is not a streaming model, so interim transcripts re-read the turn's audi
 one at a time and only after `partial_interval_ms` of new speech. When the caller pauses
 (SpeechPaused) the final transcript starts early, on the audio so far; if the turn then ends
 without more speech, that result is the final one, so the transcript is ready at `speech_end`
-instead of a Whisper pass after it. Recognition runs on the ASR worker thread while speech events
-keep flowing, so a barge-in is never held up by a transcription.
+instead of a Whisper pass after it. If it is ready while the pause lasts it is announced
+(TranscriptEarly), so a preemptive reply can start before the turn is known to be over; a
+resumption (SpeechResumed) is passed on so that reply can be dropped. Recognition runs on the ASR
+worker thread while speech events keep flowing, so a barge-in is never held up by a transcription.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pipeline.events import (
     SpeechResumed,
     SpeechStarted,
     SpeechStopped,
+    TranscriptEarly,
     TranscriptFinal,
     TranscriptPartial,
 )
@@ -71,6 +74,14 @@ async def asr_stage(
             text = ""
         await out.put(TranscriptFinal(turn_id, text, clock.now()))
 
+    async def announce(turn_id: int, early: asyncio.Future[str]) -> None:
+        """The transcript made at a pause, if it is ready while the pause lasts: a preemptive reply
+        can start on it."""
+        with contextlib.suppress(VoiceAgentError, asyncio.CancelledError):
+            text = await asyncio.shield(early)
+            if turn_id not in finalized and not early.cancelled() and text:
+                await out.put(TranscriptEarly(turn_id, text, clock.now()))
+
     async def read() -> None:
         chunks: list[np.ndarray] = []
         size = partial_at = 0
@@ -90,10 +101,12 @@ async def asr_stage(
                     partial_task = spawn(partial(event.turn_id, np.concatenate(chunks)))
             elif isinstance(event, SpeechPaused):
                 early = asyncio.ensure_future(worker.run(recognizer.transcribe, np.concatenate(chunks)))
+                spawn(announce(event.turn_id, early))
             elif isinstance(event, SpeechResumed):
                 if early is not None:
                     early.cancel()  # its result would miss what the caller is saying now
                 early = None
+                await out.put(event)
             elif isinstance(event, SpeechStopped):
                 finalized.add(event.turn_id)
                 await out.put(event)

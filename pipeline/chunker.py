@@ -1,7 +1,8 @@
 """The phrase chunker: cuts streamed reply text into phrases a synthesizer can speak at once.
 
-The first phrase ends at the first natural clause (so the first audio comes early), later ones at
-sentence ends or at clauses once they are long enough; a run-on is cut at a word boundary.
+The first phrase ends at the first natural clause, or after `first_max_words` words at the latest
+(so the first audio comes early), later ones at sentence ends or at clauses once they are long
+enough; a run-on is cut at a word boundary.
 """
 
 from __future__ import annotations
@@ -66,10 +67,18 @@ class PhraseChunker:
         for match in _CLAUSE_END.finditer(text):
             if _words(text[: match.start()]) >= min_words:
                 return match.end()
-        if _words(text) > self.config.max_words:
-            # cut before the last complete word that keeps the phrase within max_words
+        limit = min(self.config.first_max_words, self.config.max_words) if self.count == 0 else self.config.max_words
+        if _words(text) > limit:
+            # cut after the last complete word that keeps the phrase within the limit, or for the first
+            # phrase at a clause mark before it ("Okay, | so your order is...")
             spans = [m.end() for m in re.finditer(r"\S+(?=\s)", text)]
-            return spans[self.config.max_words - 1] if len(spans) >= self.config.max_words else None
+            if len(spans) < limit:
+                return None
+            if self.count == 0:
+                marks = [m.end() for m in _CLAUSE_END.finditer(text) if m.end() <= spans[limit - 1]]
+                if marks:
+                    return marks[-1]
+            return spans[limit - 1]
         return None
 
 

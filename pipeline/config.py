@@ -43,6 +43,9 @@ class AsrStageConfig(BaseModel):
 
 class ChunkerConfig(BaseModel):
     first_min_words: int = Field(2, ge=1, description="the first phrase may end at a clause after this many words")
+    first_max_words: int = Field(
+        4, ge=1, description="the first phrase ends after this many words even without a clause mark, so the "
+        "first audio does not wait for a long first sentence (max_words applies to it too)")
     min_words: int = Field(6, ge=1, description="later phrases end at a clause after this many words")
     max_words: int = Field(24, ge=4, description="a phrase is cut at a word boundary beyond this")
 
@@ -68,6 +71,13 @@ class SessionConfig(BaseModel):
     speculation_relax_s: float = Field(
         4.0, ge=0, description="once this much reply audio waits to be played, the LLM drafts nothing "
         "(K capped at 0): it is far enough ahead of the caller's ears, and other calls get the CPU")
+    preemptive: bool = Field(
+        True, description="start the reply at a pause, on the transcript made there, before the turn is known to "
+        "be over; its audio is held until the turn ends, and it is dropped if the caller goes on")
     max_playout_s: float = Field(
         20.0, gt=0, description="reply audio synthesized but not yet sent; beyond it the LLM and the TTS wait for "
         "playback, so a long reply holds a bounded amount of memory and leaves the CPU to other calls")
+    first_audio_budget_ms: int = Field(
+        250, ge=0, description="a reply's first audio is due this long after the caller's end of speech: the LLM "
+        "serves calls by when their audio is due (llm.schedule edf), and a later first audio counts as a deadline "
+        "miss")

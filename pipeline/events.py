@@ -73,6 +73,16 @@ class TranscriptFinal:
     at: float
 
 
+@dataclass(frozen=True)
+class TranscriptEarly:
+    """The turn's transcript made at a pause, before the turn is known to be over: a preemptive
+    reply may start on it, its audio held until the turn ends (and dropped if the caller goes on)."""
+
+    turn_id: int
+    text: str
+    at: float
+
+
 SpeechEvent = SpeechStarted | SpeechAudio | SpeechPaused | SpeechResumed | SpeechStopped
 
 # -- reply side: LLM -> phrase chunker -> TTS -------------------------------------------------------
@@ -136,6 +146,12 @@ class ResponseDone:
     latency_ms: dict[str, float]
     voice_to_voice_ms: float | None = None  # from the caller's true end of speech to first audio sent
     stats: GenerationStats | None = None
+    deadline_missed: bool = False  # first audio sent later than session.first_audio_budget_ms after speech ended
+    underruns: int = 0  # gaps in the reply's audio once it started (the caller's playback ran dry)
+    underrun_ms: float = 0.0  # their total length
+    preemptive: bool = False  # started at a pause, before the turn was known to be over, and used
+    discarded: int = 0  # preemptive replies dropped during this turn because the caller went on
+    discarded_words: int = 0  # the words those had generated: work thrown away
 
 
 @dataclass(frozen=True)
@@ -145,5 +161,6 @@ class ErrorEvent:
     turn_id: int | None = None
 
 
-InputEvent = SpeechStarted | SpeechStopped | TranscriptPartial | TranscriptFinal | ErrorEvent
+InputEvent = (SpeechStarted | SpeechResumed | SpeechStopped | TranscriptPartial | TranscriptEarly | TranscriptFinal
+              | ErrorEvent)
 OutEvent = InputEvent | ReplyText | ResponseDone

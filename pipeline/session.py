@@ -52,8 +52,10 @@ from pipeline.events import (
     ReplyRequest,
     ReplyText,
     ResponseDone,
+    SpeechResumed,
     SpeechStarted,
     SpeechStopped,
+    TranscriptEarly,
     TranscriptFinal,
     TranscriptPartial,
 )
@@ -111,6 +113,17 @@ class Reply:
     room: asyncio.Event = field(default_factory=asyncio.Event)  # set while queued_samples is under the bound
     played_samples: int | None = None  # what the client says it has played (None: it has not said)
     played_at: float = 0.0  # clock time of that report
+    prompt: tuple[ChatMessage, ...] = ()  # what the LLM is asked
+    user_text: str = ""  # the caller's words it answers
+    # A preemptive reply (started at a pause) sends nothing until the turn is confirmed over.
+    confirmed: asyncio.Event = field(default_factory=asyncio.Event)
+    preemptive: bool = False
+    unsent_text: list[ReplyText] = field(default_factory=list)  # text deltas held until confirmed
+    words: int = 0  # words generated so far
+    first_audio_due: float | None = None  # clock time: end of speech + session.first_audio_budget_ms
+    deadline_missed: bool = False  # its first audio went out after first_audio_due
+    underruns: int = 0  # gaps in its audio once it started: the next chunk came after the playhead ran out
+    underrun_s: float = 0.0  # their total length
 
 
 async def _one(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:
@@ -165,6 +178,8 @@ class Session:
         self.pending_barge: int | None = None
         self.barge_timer: asyncio.Task[None] | None = None
         self.held: list[str] = []  # final transcripts that came after the caller went on speaking
+        self.discarded = 0  # preemptive replies dropped since the last reply was sent
+        self.discarded_words = 0
 
     # -- the input line --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -206,6 +221,17 @@ class Session:
             turn.ended_at = event.ended_at
             await self.outbound.send_event(event)
             return
+        if isinstance(event, SpeechResumed):
+            reply = self.reply
+            if reply is not None and reply.preemptive and not reply.confirmed.is_set():
+                await self._discard_preemptive(reply, "the caller went on")
+            return
+        if isinstance(event, TranscriptEarly):
+            if (self.config.session.preemptive and self.reply is None and self.pending_barge is None
+                    and event.turn_id == self.last_started and event.text.strip()):
+                turn = self.turns.setdefault(event.turn_id, Turn(event.turn_id))
+                await self._start_reply(turn, " ".join([*self.held, event.text.strip()]).strip(), preemptive=True)
+            return
         await self.outbound.send_event(event)
         if (isinstance(event, TranscriptPartial) and self.pending_barge == event.turn_id
                 and not self._is_backchannel(event.text)):
@@ -234,6 +260,12 @@ class Session:
             elif text or self.held:
                 text = " ".join([*self.held, text]).strip()
                 self.held.clear()
+                reply = self.reply
+                if reply is not None and reply.preemptive and not reply.confirmed.is_set():
+                    if reply.turn.turn_id == event.turn_id and reply.user_text == text:
+                        await self._confirm(reply)
+                        return
+                    await self._discard_preemptive(reply, "the final transcript differs")
                 await self._start_reply(turn, text)
             else:
                 self.turns.pop(event.turn_id, None)
@@ -308,18 +340,57 @@ class Session:
             log.warning("LLM head start failed: %s", exc)
 
     # -- the reply line --------------------------------------------------------------------------
-    async def _start_reply(self, turn: Turn, text: str) -> None:
+    async def _start_reply(self, turn: Turn, text: str, preemptive: bool = False) -> None:
+        """Start the reply line for the caller's words. A preemptive reply (at a pause, on the early
+        transcript) runs the LLM and TTS at once but sends nothing until `_confirm`; its words join
+        the history only then."""
         self._release_reply()
         await self._cancel_reply("interrupted")
-        self.history.append(ChatMessage("user", text))
+        user = ChatMessage("user", text)
+        if not preemptive:
+            self.history.append(user)
         self.generation += 1
-        reply = Reply(turn)
+        reply = Reply(turn, prompt=(*self._prompt(), user) if preemptive else self._prompt(), user_text=text,
+                      preemptive=preemptive)
+        if not preemptive:
+            reply.confirmed.set()
         self.reply = reply
         generation = self.generation
+        # The LLM serves the call whose audio is due soonest: first, this reply's first audio. A
+        # preemptive reply is due nowhere until its turn is confirmed over (`_confirm`), so calls
+        # with audio due go first.
+        if preemptive:
+            self.conversation.set_deadline(None)
+        else:
+            ended = turn.ended_at if turn.ended_at is not None else turn.marks.get("speech_end", self.clock.now())
+            reply.first_audio_due = ended + self.config.session.first_audio_budget_ms / 1000
+            self.conversation.set_deadline(reply.first_audio_due)
         reply.tasks = [
             asyncio.create_task(self._produce(reply, generation)),
             asyncio.create_task(self._play(reply, generation)),
         ]
+
+    async def _confirm(self, reply: Reply) -> None:
+        """The turn a preemptive reply answers is over, with the same words: it joins the history
+        and sends what it has (held text at once, audio paced as usual)."""
+        log.info("turn %d: preemptive reply confirmed (%d words ready)", reply.turn.turn_id, reply.words)
+        self.history.append(ChatMessage("user", reply.user_text))
+        turn = reply.turn
+        ended = turn.ended_at if turn.ended_at is not None else self.clock.now()
+        reply.first_audio_due = ended + self.config.session.first_audio_budget_ms / 1000
+        self.conversation.set_deadline(reply.first_audio_due)
+        reply.confirmed.set()
+        held, reply.unsent_text = reply.unsent_text, []
+        for event in held:
+            await self.outbound.send_event(event)
+
+    async def _discard_preemptive(self, reply: Reply, why: str) -> None:
+        """Drop a preemptive reply nobody heard. The LLM's cache keeps the prompt, so a reply to the
+        longer turn recomputes only what changed."""
+        log.info("turn %d: preemptive reply dropped (%s) after %d words", reply.turn.turn_id, why, reply.words)
+        self.discarded += 1
+        self.discarded_words += reply.words
+        await self._cancel_reply("interrupted", send=False)
 
     def _prompt(self) -> tuple[ChatMessage, ...]:
         cfg = self.config.session
@@ -331,7 +402,7 @@ class Session:
         the queue, so the turn ends (failed, with an error event, if a stage raised)."""
         cfg = self.config
         turn = reply.turn
-        request = ReplyRequest(turn.turn_id, self._prompt(), self.clock.now())
+        request = ReplyRequest(turn.turn_id, reply.prompt, self.clock.now())
         text = llm_stage(_one(request), self.conversation, cfg.sampling, self.clock)
         phrases = chunk_stage(text, cfg.chunker, self.clock)
         audio = tts_stage(phrases, self.backends.tts, self.backends.tts_worker, self.output_rate, self.clock)
@@ -342,7 +413,11 @@ class Session:
                         return
                     if isinstance(event, ReplyText):
                         turn.mark("llm_first_token", event.at)
-                        await self.outbound.send_event(event)
+                        reply.words += len(event.text.split())
+                        if reply.confirmed.is_set():
+                            await self.outbound.send_event(event)
+                        else:
+                            reply.unsent_text.append(event)
                     elif isinstance(event, Phrase):
                         turn.mark("first_phrase", event.at)
                         reply.ledger.add_phrase(event.index, event.text)
@@ -404,13 +479,18 @@ class Session:
         bound = int(cfg.max_playout_s * self.output_rate)
         playhead: float | None = None
         relaxed = False
+        tolerance = 0.02  # a later chunk than this, once the playhead ran out, is an underrun
         while (item := await reply.playout.get()) is not None:
             for start in range(0, len(item.samples), chunk):
                 piece = item.samples[start:start + chunk]
                 duration = len(piece) / self.output_rate
-                if not self.reply_audio_open.is_set():  # the caller makes a sound: hold until it is known what
+                if not reply.confirmed.is_set():  # a preemptive reply waits for the end of the turn
+                    await reply.confirmed.wait()
+                held = not self.reply_audio_open.is_set()
+                if held:  # the caller makes a sound: hold until it is known what (a pause, not an underrun)
                     await self.reply_audio_open.wait()
                 now = self.clock.now()
+                gap = 0.0 if playhead is None or held else now - playhead
                 begins = now if playhead is None else max(playhead, now)
                 if begins - lead > now:
                     await self.clock.sleep(begins - lead - now)
@@ -418,14 +498,24 @@ class Session:
                     return
                 await self.outbound.send_audio(float_to_pcm16(piece))
                 if playhead is None:
-                    reply.turn.mark("first_audio_sent", self.clock.now())
+                    sent = self.clock.now()
+                    reply.turn.mark("first_audio_sent", sent)
+                    reply.deadline_missed = reply.first_audio_due is not None and sent > reply.first_audio_due
+                if gap > tolerance:  # the caller's playback ran dry before this chunk was ready
+                    reply.underruns += 1
+                    reply.underrun_s += gap
                 playhead = begins + duration
                 reply.ledger.add_sent(item.phrase_index, len(piece))
                 reply.queued_samples -= len(piece)
                 if reply.queued_samples < bound:
                     reply.room.set()
-                # The TTS token-rate budget: far ahead of playback, speculation buys nothing.
-                ahead = reply.queued_samples / self.output_rate + (playhead - self.clock.now())
+                # The token-rate budget: the LLM's next tokens are due when the audio made so far
+                # runs out (other calls' first, if theirs runs out sooner) ...
+                due = playhead + reply.queued_samples / self.output_rate
+                if generation == self.generation:
+                    self.conversation.set_deadline(due)
+                # ... and far ahead of playback, speculation buys nothing.
+                ahead = due - self.clock.now()
                 if (ahead > cfg.speculation_relax_s) != relaxed:
                     relaxed = not relaxed
                     self.conversation.set_speculation_cap(0 if relaxed else None)
@@ -440,6 +530,8 @@ class Session:
         reply.finished = True
         if self.reply is reply:
             self.reply = None
+        if self.reply is None:  # no reply runs: the LLM owes this call nothing
+            self.conversation.set_deadline(None)
         if status == "completed":
             text = reply.ledger.full_text()
         elif reply.played_samples is not None:  # what the client says it played
@@ -450,9 +542,14 @@ class Session:
             self.history.append(ChatMessage("assistant", text))
         self.turns.pop(reply.turn.turn_id, None)
         done = ResponseDone(
-            reply.turn.turn_id, text, status, reply.turn.latency_ms(), reply.turn.voice_to_voice_ms(), reply.stats
+            reply.turn.turn_id, text, status, reply.turn.latency_ms(), reply.turn.voice_to_voice_ms(), reply.stats,
+            reply.deadline_missed, reply.underruns, round(reply.underrun_s * 1000, 1),
+            preemptive=reply.preemptive, discarded=self.discarded, discarded_words=self.discarded_words,
         )
-        log.info("turn %d %s: %s", done.turn_id, status, done.latency_ms)
+        self.discarded = self.discarded_words = 0
+        log.info("turn %d %s: %s%s%s", done.turn_id, status, done.latency_ms,
+                 " (first audio late)" if done.deadline_missed else "",
+                 f" ({done.underruns} underruns, {done.underrun_ms:.0f} ms)" if done.underruns else "")
         await self.outbound.send_event(done)
         if self.on_turn is not None:
             result = self.on_turn(done)

@@ -55,3 +55,10 @@ def test_playback_reports_are_parsed_and_checked() -> None:
     assert isinstance(msg, OutputAudioPlayed) and msg.turn_id == 3 and msg.played_ms == 1840
     assert code_of('{"type":"output_audio.played","turn_id":3,"played_ms":-5}') == "invalid_message"
     assert code_of('{"type":"output_audio.played","played_ms":5}') == "invalid_message"
+
+
+def test_response_done_carries_deadline_misses_and_underruns() -> None:
+    done = event_json(ResponseDone(4, "Hi.", "completed", {}, 900.0, None, deadline_missed=True, underruns=2,
+                                   underrun_ms=640.5))
+    assert (done["deadline_missed"], done["underruns"], done["underrun_ms"]) == (True, 2, 640.5)
+    assert event_json(ResponseDone(5, "Hi.", "completed", {}))["underruns"] == 0

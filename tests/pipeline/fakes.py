@@ -59,6 +59,7 @@ class FakeSynthesizer:
 class FakeConversation:
     def __init__(self, llm: FakeLLM) -> None:
         self.llm = llm
+        self.deadline: float | None = None
 
     async def prepare(self, messages: Sequence[ChatMessage]) -> None:
         return None
@@ -74,6 +75,10 @@ class FakeConversation:
     def set_speculation_cap(self, cap: int | None) -> None:
         self.llm.caps.append(cap)
 
+    def set_deadline(self, at: float | None) -> None:
+        self.deadline = at
+        self.llm.deadlines.append(at)
+
     async def aclose(self) -> None:
         return None
 
@@ -86,6 +91,7 @@ class FakeLLM:
         self.requests: list[list[ChatMessage]] = []
         self.token_delay = token_delay
         self.caps: list[int | None] = []
+        self.deadlines: list[float | None] = []  # every set_deadline, in order
 
     def conversation(self) -> FakeConversation:
         return FakeConversation(self)

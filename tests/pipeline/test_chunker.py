@@ -21,16 +21,24 @@ def test_single_word_clause_waits_for_more_words() -> None:
 
 
 def test_sentences_are_cut_and_abbreviations_and_decimals_are_not() -> None:
-    phrases = feed("Dr. Smith paid 3.5 dollars. Then he left! Did he? Yes.")
+    phrases = feed("Dr. Smith paid 3.5 dollars. Then he left! Did he? Yes.", config=ChunkerConfig(first_max_words=8))
     assert phrases == ["Dr. Smith paid 3.5 dollars.", "Then he left!", "Did he?", "Yes."]
 
 
 def test_later_phrases_need_min_words_before_a_clause_cut() -> None:
     text = "Okay, so your order is two pizzas, one large and one small, with extra cheese on both of them."
-    phrases = feed(text)
+    phrases = feed(text, config=ChunkerConfig(first_max_words=10))
     assert phrases[0] == "Okay, so your order is two pizzas,"
     assert phrases[1] == "one large and one small, with extra cheese on both of them."
     assert " ".join(phrases) == text
+
+
+def test_a_long_first_sentence_is_cut_after_a_few_words_at_a_clause_if_there_is_one() -> None:
+    text = "I would be happy to help you find a nice restaurant in the city center tonight."
+    phrases = feed(text)
+    assert phrases[0] == "I would be happy"  # first_max_words=4: the first audio does not wait for the sentence
+    assert phrases[1] == "to help you find a nice restaurant in the city center tonight."
+    assert feed("Okay, so your order is two pizzas.")[0] == "Okay,"  # the clause mark within the limit
 
 
 def test_run_on_text_is_cut_at_a_word_boundary() -> None:

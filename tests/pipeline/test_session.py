@@ -12,7 +12,15 @@ import numpy as np
 from core.clock import MonotonicClock
 from models.protocols import Audio, ChatMessage, LLMOutput, SamplingParams, TextDelta
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
-from pipeline.events import AudioFrame, ErrorEvent, ResponseDone, SpeechStarted, TranscriptFinal
+from pipeline.events import (
+    AudioFrame,
+    ErrorEvent,
+    ReplyText,
+    ResponseDone,
+    SpeechStarted,
+    SpeechStopped,
+    TranscriptFinal,
+)
 from pipeline.session import Backends, PipelineConfig, Session
 from tests.pipeline.fakes import (
     FakeConversation,
@@ -329,5 +337,147 @@ async def test_reply_audio_waiting_to_be_sent_is_bounded_and_the_llm_waits_for_i
     # ~4 s of story: the generation finished only once playback had made room, not at the start
     assert read_all_at_sent is not None and read_all_at_sent > int(1.0 * 8000), read_all_at_sent
     assert done_events(out)[0].status == "completed" and done_events(out)[0].text == STORY
+    await session.audio_in.put(None)
+    await task
+
+
+def with_session_config(session: Session, **settings: float) -> None:
+    c = session.config
+    session.config = PipelineConfig(c.endpointing, c.asr, c.chunker,
+                                    SessionConfig(output_chunk_ms=20, **settings), c.sampling)
+
+
+async def speak_now(session: Session, seconds: float, loud: bool) -> None:
+    """As speak(), with each frame stamped with the clock (as the transport does), so that the
+    turn's estimated end of speech is a real clock time."""
+    samples = np.full(int(16000 * seconds), 0.5 if loud else 0.0, dtype=np.float32)
+    for i in range(0, len(samples), 320):
+        await session.audio_in.put(AudioFrame(samples[i:i + 320], session.clock.now()))
+
+
+async def one_reply(llm: FakeLLM, **settings: float) -> tuple[ResponseDone, Session, RecordingOutbound]:
+    session, out = make_session(llm, ["Hi."])
+    with_session_config(session, **settings)
+    task = asyncio.create_task(session.run())
+    await speak_now(session, 0.5, True)
+    await speak_now(session, 0.5, False)
+    await out.wait(lambda: done_events(out), timeout=10)
+    await session.audio_in.put(None)
+    await task
+    return done_events(out)[0], session, out
+
+
+async def test_an_underrun_is_counted_when_the_llm_pauses_mid_reply() -> None:
+    """Phrase 1 (0.5 s of audio) plays out, the LLM stops for 1.5 s, then phrase 2 comes: the
+    caller's playback ran dry for about a second, once. 200 ms of lead keeps event-loop jitter
+    from counting."""
+    done, _, _ = await one_reply(PausingLLM("Hello there my good friend.", "Here are six more words now.", 1.5),
+                                 output_lead_ms=200)
+    assert done.status == "completed"
+    assert done.underruns == 1 and done.underrun_ms >= 500, (done.underruns, done.underrun_ms)
+
+
+async def test_no_underrun_when_the_llm_keeps_up() -> None:
+    done, _, _ = await one_reply(FakeLLM(["Hello there my good friend. Here are six more words now."]),
+                                 output_lead_ms=200)
+    assert done.status == "completed"
+    assert done.underruns == 0 and done.underrun_ms == 0.0
+
+
+async def test_the_conversation_deadline_is_set_on_reply_start_and_cleared_after() -> None:
+    llm = FakeLLM(["Hello there my good friend. Here are six more words now."])
+    done, session, out = await one_reply(llm, output_lead_ms=200, first_audio_budget_ms=10_000)
+    stopped = next(e for e in out.events if isinstance(e, SpeechStopped))
+    # the reply starts at the pause, preemptively: due nowhere until the turn is over; then its
+    # first audio is due first_audio_budget_ms after the end of speech
+    assert done.preemptive and llm.deadlines[0] is None
+    assert llm.deadlines[1] == stopped.ended_at + 10.0
+    # as audio plays: when the audio made so far runs out, never earlier than the one before
+    playing = llm.deadlines[2:-1]
+    assert playing and all(d is not None for d in playing)
+    assert all(b >= a for a, b in itertools.pairwise(playing))  # type: ignore[operator]
+    # the reply is over: nothing is due
+    assert llm.deadlines[-1] is None
+    conversation = session.conversation
+    assert isinstance(conversation, FakeConversation) and conversation.deadline is None
+    assert not done.deadline_missed  # ten seconds of budget
+
+
+async def test_first_audio_after_its_budget_is_a_deadline_miss() -> None:
+    done, _, _ = await one_reply(FakeLLM(["Hello there."]), output_lead_ms=200, first_audio_budget_ms=0)
+    assert done.deadline_missed
+
+
+def preemptive_session(llm: FakeLLM, finals: list[str]) -> tuple[Session, RecordingOutbound]:
+    session, out = make_session(llm, finals)
+    session.config = PipelineConfig(
+        EndpointingConfig(min_speech_ms=64, end_silence_ms=600, early_final_ms=192, prefix_padding_ms=100),
+        session.config.asr, session.config.chunker, SessionConfig(output_lead_ms=0, output_chunk_ms=20),
+        session.config.sampling)
+    return session, out
+
+
+class StampedOutbound(RecordingOutbound):
+    """Records when each audio chunk and event went out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first_audio_at: float | None = None
+        self.stopped_at: float | None = None
+
+    async def send_event(self, event: object) -> None:
+        if isinstance(event, SpeechStopped):
+            self.stopped_at = time.monotonic()
+        await super().send_event(event)  # type: ignore[arg-type]
+
+    async def send_audio(self, pcm16: bytes) -> None:
+        if self.first_audio_at is None:
+            self.first_audio_at = time.monotonic()
+        await super().send_audio(pcm16)
+
+
+async def test_a_reply_starts_at_the_pause_and_its_audio_waits_for_the_end_of_the_turn() -> None:
+    llm = FakeLLM(["Sure, a table for two at eight is booked."])
+    session, _ = preemptive_session(llm, ["Book a table for two at eight."])
+    out = StampedOutbound()
+    session.outbound = out
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    for _ in range(40):  # 0.8 s of silence in real time: a pause at 192 ms, the end at 600 ms
+        await speak(session, 0.02, False)
+        await asyncio.sleep(0.02)
+    await out.wait(lambda: done_events(out))
+    done = done_events(out)[0]
+    assert done.status == "completed" and done.preemptive and done.discarded == 0
+    # the LLM answered during the silence, well before the turn was known to be over ...
+    assert done.latency_ms["llm_first_token"] < -200, done.latency_ms
+    # ... but nothing was sent before it was
+    assert out.stopped_at is not None and out.first_audio_at is not None and out.first_audio_at >= out.stopped_at
+    first_text = next(i for i, e in enumerate(out.events) if isinstance(e, ReplyText))
+    assert any(isinstance(e, SpeechStopped) for e in out.events[:first_text])
+    assert [m.role for m in session.history] == ["system", "user", "assistant"]
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_a_preemptive_reply_is_dropped_when_the_caller_goes_on_and_counted() -> None:
+    llm = FakeLLM(["Which day would you like?", "Booked: a table for two at eight."])
+    session, out = preemptive_session(llm, ["Book a table", "Book a table for two at eight."])
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    for _ in range(20):  # a 0.4 s pause mid-sentence: the first reply starts, then the caller goes on
+        await speak(session, 0.02, False)
+        await asyncio.sleep(0.02)
+    await speak(session, 0.5, True)
+    await speak(session, 0.8, False)
+    await out.wait(lambda: done_events(out))
+    await asyncio.sleep(0.1)
+    dones = done_events(out)
+    assert len(dones) == 1 and dones[0].text == "Booked: a table for two at eight."
+    assert dones[0].discarded == 1 and dones[0].preemptive
+    assert [r[-1].content for r in llm.requests] == ["Book a table", "Book a table for two at eight."]
+    sent_text = "".join(e.text for e in out.events if isinstance(e, ReplyText))
+    assert sent_text == "Booked: a table for two at eight."  # nothing of the dropped reply was sent
+    assert [m.content for m in session.history if m.role == "user"] == ["Book a table for two at eight."]
     await session.audio_in.put(None)
     await task

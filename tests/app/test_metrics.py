@@ -1,0 +1,17 @@
+"""The service's own Prometheus counters for deadline misses and playback underruns."""
+
+from __future__ import annotations
+
+from app.metrics import Metrics
+from pipeline.events import ResponseDone
+
+
+def test_deadline_misses_and_underruns_are_counted_per_turn() -> None:
+    metrics = Metrics()
+    metrics.observe_turn(ResponseDone(1, "a", "completed", {}, deadline_missed=True, underruns=2, underrun_ms=500.0))
+    metrics.observe_turn(ResponseDone(2, "b", "completed", {}))
+    metrics.observe_turn(ResponseDone(3, "c", "interrupted", {}, underruns=1, underrun_ms=250.0))
+    value = metrics.registry.get_sample_value
+    assert value("voice_agent_deadline_misses_total") == 1
+    assert value("voice_agent_playback_underruns_total") == 3
+    assert value("voice_agent_playback_underrun_seconds_total") == 0.75
