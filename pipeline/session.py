@@ -178,6 +178,7 @@ class Session:
         self.pending_barge: int | None = None
         self.barge_timer: asyncio.Task[None] | None = None
         self.held: list[str] = []  # final transcripts that came after the caller went on speaking
+        self.let_go: set[int] = set()  # turns over the bot heard as backchannels, until their final transcript
         self.discarded = 0  # preemptive replies dropped since the last reply was sent
         self.discarded_words = 0
 
@@ -225,21 +226,38 @@ class Session:
             reply = self.reply
             if reply is not None and reply.preemptive and not reply.confirmed.is_set():
                 await self._discard_preemptive(reply, "the caller went on")
+            elif reply is not None and event.turn_id in self.let_go:
+                # after a backchannel the caller goes on: over the bot again, so hold it again
+                self.let_go.discard(event.turn_id)
+                self._hold_reply(event.turn_id)
             return
         if isinstance(event, TranscriptEarly):
-            if (self.config.session.preemptive and self.reply is None and self.pending_barge is None
+            if self.pending_barge == event.turn_id:
+                # the caller spoke over the bot and paused: what they said so far decides at once
+                # (the end of their turn can be a second away when it does not sound finished)
+                if self._is_backchannel(event.text):
+                    self._let_go(event.turn_id, event.text)
+                else:
+                    await self._barge_in("a word")
+            elif (self.config.session.preemptive and self.reply is None and self.pending_barge is None
                     and event.turn_id == self.last_started and event.text.strip()):
                 turn = self.turns.setdefault(event.turn_id, Turn(event.turn_id))
                 await self._start_reply(turn, " ".join([*self.held, event.text.strip()]).strip(), preemptive=True)
             return
+        if isinstance(event, TranscriptFinal) and event.turn_id in self.let_go:
+            self.let_go.discard(event.turn_id)
+            if self._is_backchannel(event.text):  # the backchannel let go at its pause, as it ended
+                await self.outbound.send_event(event)
+                self.turns.pop(event.turn_id, None)
+                return
         await self.outbound.send_event(event)
         if (isinstance(event, TranscriptPartial) and self.pending_barge == event.turn_id
                 and not self._is_backchannel(event.text)):
             await self._barge_in("a word")
         if isinstance(event, TranscriptFinal) and self.pending_barge == event.turn_id:
             if self._is_backchannel(event.text):
-                log.info("turn %d: %r while the bot talks: not an interruption", event.turn_id, event.text)
-                self._release_reply()
+                self._let_go(event.turn_id, event.text)
+                self.let_go.discard(event.turn_id)
                 self.turns.pop(event.turn_id, None)
                 return
             await self._barge_in("a word")
@@ -269,6 +287,12 @@ class Session:
                 await self._start_reply(turn, text)
             else:
                 self.turns.pop(event.turn_id, None)
+
+    def _let_go(self, turn_id: int, text: str) -> None:
+        """What the caller said over the bot was only a backchannel: the reply goes on."""
+        log.info("turn %d: %r while the bot talks: not an interruption", turn_id, text)
+        self._release_reply()
+        self.let_go.add(turn_id)
 
     def _is_backchannel(self, text: str) -> bool:
         """Nothing recognized, or only backchannel words ("mm-hmm", "yeah", "okay"...)."""

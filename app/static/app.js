@@ -146,7 +146,9 @@ function botText(turnId, text) {
 function latencyRow(done) {
   const ms = done.latency_ms || {};
   const tps = done.llm && done.llm.tokens_per_second;
-  const cells = [done.turn_id, done.status, ...MARKS.map((m) => (ms[m] != null ? Math.round(ms[m]) : "–")),
+  // a preemptive reply started at the pause: its marks before "speech end" are negative
+  const status = done.preemptive ? `${done.status} (preemptive)` : done.status;
+  const cells = [done.turn_id, status, ...MARKS.map((m) => (ms[m] != null ? Math.round(ms[m]) : "–")),
                  tps != null ? tps.toFixed(1) : "–"];
   const tr = ui.latency.insertRow();
   for (const value of cells) tr.insertCell().textContent = value;
