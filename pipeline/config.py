@@ -21,12 +21,12 @@ class EndpointingConfig(BaseModel):
     prefix_padding_ms: int = Field(300, ge=0, description="audio before the detected start given to ASR")
     max_turn_s: float = Field(30.0, gt=1, description="a turn longer than this is ended")
     early_final_ms: int = Field(
-        200, ge=0, description="a pause: after this much silence the end-of-turn model is asked whether the caller "
+        150, ge=0, description="a pause: after this much silence the end-of-turn model is asked whether the caller "
         "has finished, and the final transcript starts (0: neither; the turn ends after end_silence_ms)")
     turn_threshold: float = Field(
-        0.5, gt=0, lt=1, description="the end-of-turn model's probability at a pause above which the turn ends there")
+        0.95, gt=0, lt=1, description="the end-of-turn model's probability at a pause above which the turn ends there")
     incomplete_silence_ms: int = Field(
-        1000, ge=64, description="silence that ends a turn the end-of-turn model judged unfinished (the caller "
+        1500, ge=64, description="silence that ends a turn the end-of-turn model judged unfinished (the caller "
         "paused mid-sentence and did not go on)")
 
 

@@ -159,7 +159,8 @@ async def stop_after(answer: float, gap_s: float = 0.0) -> tuple[SpeechStopped, 
             await asyncio.sleep(0.002)
             yield AudioFrame(audio[i:i + 320], clock.now())
 
-    cfg = EndpointingConfig(min_speech_ms=96, end_silence_ms=480, early_final_ms=192, incomplete_silence_ms=960)
+    cfg = EndpointingConfig(min_speech_ms=96, end_silence_ms=480, early_final_ms=192, incomplete_silence_ms=960,
+                            turn_threshold=0.95)
     model = FakeTurnModel(answer)
     worker, turn_worker = ModelWorker("test-vad"), ModelWorker("test-turn")
     events = [e async for e in vad_stage(frames(), ScriptedVad(), worker, cfg, clock, turn=model,
@@ -172,9 +173,9 @@ async def stop_after(answer: float, gap_s: float = 0.0) -> tuple[SpeechStopped, 
 
 
 async def test_vad_stage_ends_the_turn_at_a_pause_the_model_calls_complete() -> None:
-    stopped, model, _ = await stop_after(0.9)
+    stopped, model, _ = await stop_after(0.99)
     assert model.heard and model.heard[0] / 16000 >= 1.0  # it heard the turn's speech
-    assert stopped.turn_probability == 0.9
+    assert stopped.turn_probability == 0.99
     assert stopped.audio_ms == pytest.approx(1500, abs=32)
     # decided within a few windows of the 192 ms pause, not after 480 or 960 ms of silence
     assert stopped.at - stopped.ended_at < 0.35
