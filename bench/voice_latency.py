@@ -1,18 +1,35 @@
 """Benchmark: voice-to-voice latency through /ws, as a caller experiences it.
 
-Streams spoken questions (espeak-ng) to the service in real time in 20 ms frames, each on a fresh
-call, and prints per-stage p50/p95 of the turn's latency marks (ms since the server's speech_end)
-and the true voice-to-voice latency: from the end of speech in the input audio to the first reply
-audio byte received by the client.
+Streams spoken questions to the service in real time in 20 ms frames, each on a fresh call, and
+prints per-stage p50/p95 of the turn's latency marks (ms since the server's speech_end) and the
+true voice-to-voice latency: from the end of speech in the input audio to the first reply audio
+byte received by the client. The caller's voice is hibari's (a neural voice, the closest to a
+person's here) or espeak-ng's (robotic; `--voice espeak`).
 
     .venv/bin/python bench/voice_latency.py                 # starts its own server (defaults)
     .venv/bin/python bench/voice_latency.py --url ws://127.0.0.1:8000/ws --repeat 3
+
+With --baseline, a second server runs with those settings as well, and every question goes to
+both (taking turns at going first), so the two are compared side by side in one run:
+
+    .venv/bin/python bench/voice_latency.py \
+        --baseline VOICE_AGENT_TURN__ENGINE=off,VOICE_AGENT_SESSION__PREEMPTIVE=false
+
+With --concurrency, N callers talk at once (each starting `--stagger` s after the one before, each
+doing `--turns` turns on one call: a question, then silence until the reply is done, then the
+next), for each N in the list, once per LLM scheduling policy (llm.schedule edf and fifo: one server
+per policy, started side by side; the runs take turns). Per N and policy it prints voice-to-voice
+p50/p95, deadline misses (first audio later than session.first_audio_budget_ms after the end of
+speech) and playback underruns (gaps in reply audio once it started), as the server counted them.
+
+    .venv/bin/python bench/voice_latency.py --concurrency 1,2,4,8 --turns 3 --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -26,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.client import VoiceClient, read_wav
 from models import cpu
+from pipeline.audio import resample
 from pipeline.turns import MARKS
 from tests.e2e.conftest import start_server, stop_server
 from tests.speech import espeak_wav
@@ -49,8 +67,32 @@ def speech_end_s(samples: np.ndarray, rate: int) -> float:
     return (loud[-1] + 1) / rate if len(loud) else 0.0
 
 
+VOICE = "hibari"  # the caller's voice: set from --voice
+
+
+_SPOKEN: dict[tuple[str, int], np.ndarray] = {}
+
+
+def question_audio(question: str, tmp: Path, rate: int, tag: str = "") -> np.ndarray:
+    """The question spoken in VOICE, as int16 samples at `rate` (made once: never while calls run)."""
+    if (question, rate) not in _SPOKEN:
+        _SPOKEN[question, rate] = _speak(question, tmp, rate, tag)
+    return _SPOKEN[question, rate]
+
+
+def _speak(question: str, tmp: Path, rate: int, tag: str) -> np.ndarray:
+    if VOICE == "espeak":
+        samples, _ = read_wav(espeak_wav(question, tmp / f"q{abs(hash(question))}{tag}.wav", rate))
+        return samples
+    from hibari import SAMPLE_RATE, Hibari
+
+    audio = np.concatenate([np.asarray(c, dtype=np.float32) for c in Hibari().stream(question)])
+    audio = resample(audio, int(SAMPLE_RATE), rate)
+    return (np.clip(audio, -1, 1) * 32767).astype(np.int16)
+
+
 async def one_call(url: str, question: str, tmp: Path, rate: int) -> dict:
-    samples, _ = read_wav(espeak_wav(question, tmp / f"q{abs(hash(question))}.wav", rate))
+    samples = question_audio(question, tmp, rate)
     lead = np.zeros(int(0.3 * rate), dtype=np.int16)
     audio = np.concatenate([lead, samples])
     end_in_clip = len(lead) / rate + speech_end_s(samples, rate)
@@ -65,8 +107,12 @@ async def one_call(url: str, question: str, tmp: Path, rate: int) -> dict:
     trailing.cancel()
     first_audio = next((r.at for r in client.received if r.audio), None)
     final = client.events("transcript.final")
+    stopped = client.events("speech.stopped")
     await client.close()
     return {
+        "ended_by": stopped[-1].get("ended_by") if stopped else None,
+        "preemptive": done.get("preemptive", False),
+        "discarded": done.get("discarded", 0),
         "question": question,
         "heard": final[0]["text"] if final else "",
         "reply": done["text"],
@@ -83,16 +129,31 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def run(url: str, repeat: int, rate: int) -> list[dict]:
-    results = []
+async def run(urls: dict[str, str], repeat: int, rate: int) -> dict[str, list[dict]]:
+    """Every question on every server (named), taking turns at going first."""
+    results: dict[str, list[dict]] = {name: [] for name in urls}
+    names = list(urls)
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(repeat):
-            for question in QUESTIONS:
-                r = await one_call(url, question, Path(tmp), rate)
-                results.append(r)
-                print(f"  {r['true_v2v'] or float('nan'):6.0f} ms  heard {r['heard']!r} -> {r['reply'][:60]!r}",
-                      flush=True)
-    print(f"\n{len(results)} turns; ms since speech_end (the server's end-of-turn decision)")
+        for round_ in range(repeat):
+            for i, question in enumerate(QUESTIONS):
+                shift = (round_ * len(QUESTIONS) + i) % len(names)
+                for name in names[shift:] + names[:shift]:
+                    r = await one_call(urls[name], question, Path(tmp), rate)
+                    results[name].append(r)
+                    print(f"  {name:8s} {r['true_v2v'] or float('nan'):6.0f} ms  heard {r['heard']!r} -> "
+                          f"{r['reply'][:60]!r}", flush=True)
+    for name, turns in results.items():
+        report(name, turns)
+    if len(names) == 2:
+        a, b = (statistics.median(v) if (v := [r["true_v2v"] for r in results[n] if r["true_v2v"]]) else None
+                for n in names)
+        if a and b:
+            print(f"\ntrue voice-to-voice median: {names[0]} {a:.0f} ms, {names[1]} {b:.0f} ms, ratio {a / b:.2f}")
+    return results
+
+
+def report(name: str, results: list[dict]) -> None:
+    print(f"\n[{name}] {len(results)} turns; ms since speech_end (the server's end-of-turn decision)")
     print(f"{'stage':22s} {'p50':>7} {'p95':>7}")
     for mark in MARKS[1:]:
         values = [r["marks"][mark] for r in results if mark in r["marks"]]
@@ -111,7 +172,135 @@ async def run(url: str, repeat: int, rate: int) -> list[dict]:
     tps = [r["tokens_per_second"] for r in results if r["tokens_per_second"]]
     if tps:
         print(f"LLM tokens/s median {statistics.median(tps):.1f}")
+    ended = [r["ended_by"] for r in results if r.get("ended_by")]
+    if ended:
+        print("turn ended by: " + ", ".join(f"{k} {ended.count(k)}" for k in sorted(set(ended))))
+    preempted = sum(bool(r.get("preemptive")) for r in results)
+    discarded = sum(int(r.get("discarded", 0)) for r in results)
+    print(f"preemptive replies used {preempted}, dropped {discarded}")
+
+
+async def caller(url: str, index: int, turns: int, stagger: float, tmp: Path, rate: int) -> list[dict]:
+    """One call: after index * stagger s, `turns` questions, each followed by silence until its
+    reply is done (the caller streams audio all along, as a phone does)."""
+    await asyncio.sleep(index * stagger)
+    client = VoiceClient(url, rate)
+    await client.connect()
+    results = []
+    trailing: asyncio.Task[None] | None = None
+    try:
+        for turn in range(turns):
+            question = QUESTIONS[(index * 3 + turn) % len(QUESTIONS)]
+            samples = question_audio(question, tmp, rate, f"-{index}")
+            lead = np.zeros(int(0.3 * rate), dtype=np.int16)
+            audio = np.concatenate([lead, samples])
+            end_in_clip = len(lead) / rate + speech_end_s(samples, rate)
+            if trailing is not None:
+                trailing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await trailing
+            mark = len(client.received)
+            start = time.monotonic()
+            true_end = start + int(end_in_clip * 1000) // FRAME_MS * FRAME_MS / 1000
+            await client.stream(audio, FRAME_MS)
+            trailing = asyncio.create_task(client.silence(600))
+            try:
+                done = await client.wait_for(lambda e: e["type"] == "response.done", 180, after=mark)
+            except (TimeoutError, ConnectionError) as exc:
+                print(f"  caller {index} turn {turn}: no reply ({type(exc).__name__})", flush=True)
+                results.append({"caller": index, "turn": turn, "question": question, "status": "no reply",
+                                "true_v2v": None, "deadline_missed": True, "underruns": 0, "underrun_ms": 0.0,
+                                "tokens_per_second": None})
+                break
+            first_audio = next((r.at for r in client.received[mark:] if r.audio and r.at > true_end), None)
+            results.append({
+                "caller": index, "turn": turn, "question": question, "reply": done["text"],
+                "status": done["status"], "marks": done["latency_ms"],
+                "true_v2v": (first_audio - true_end) * 1000 if first_audio else None,
+                "server_v2v": done.get("voice_to_voice_ms"),
+                "deadline_missed": bool(done.get("deadline_missed")),
+                "underruns": int(done.get("underruns", 0)), "underrun_ms": float(done.get("underrun_ms", 0.0)),
+                "tokens_per_second": done.get("llm", {}).get("tokens_per_second"),
+            })
+            await asyncio.sleep(0.5)  # the caller takes a breath before the next question
+    finally:
+        if trailing is not None:
+            trailing.cancel()
+        await client.close()
     return results
+
+
+async def run_concurrent(url: str, n: int, turns: int, stagger: float, rate: int) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        for question in QUESTIONS:  # synthesized before the calls, so the caller's TTS never competes with them
+            question_audio(question, Path(tmp), rate)
+        calls = await asyncio.gather(*(caller(url, i, turns, stagger, Path(tmp), rate) for i in range(n)))
+    return [turn for call in calls for turn in call]
+
+
+def summarize(turns: list[dict]) -> dict:
+    v2v = [t["true_v2v"] for t in turns if t["true_v2v"] is not None]
+    return {
+        "turns": len(turns),
+        "failed": sum(t["status"] != "completed" for t in turns),
+        "v2v_p50": statistics.median(v2v) if v2v else None,
+        "v2v_p95": pct(v2v, 0.95) if v2v else None,
+        "deadline_misses": sum(t["deadline_missed"] for t in turns),
+        "underruns": sum(t["underruns"] for t in turns),
+        "underrun_ms": round(sum(t["underrun_ms"] for t in turns)),
+        "tokens_per_second": statistics.median(tps) if (tps := [t["tokens_per_second"] for t in turns
+                                                                 if t["tokens_per_second"]]) else None,
+    }
+
+
+def print_concurrency(runs: list[dict]) -> None:
+    print(f"\n{'N':>3} {'policy':6} {'turns':>5} {'not ok':>6} {'v2v p50':>8} {'v2v p95':>8} {'late':>9} "
+          f"{'underruns':>9} {'gap ms':>7} {'tok/s':>6}")
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f}"
+
+    for run in runs:
+        s = run["summary"]
+        late = f"{s['deadline_misses']}/{s['turns']}"
+        tps = "-" if s["tokens_per_second"] is None else f"{s['tokens_per_second']:.1f}"
+        print(f"{run['n']:>3} {run['schedule']:6} {s['turns']:>5} {s['failed']:>6} {ms(s['v2v_p50']):>8} "
+              f"{ms(s['v2v_p95']):>8} {late:>9} {s['underruns']:>9} {s['underrun_ms']:>7} {tps:>6}")
+    print("v2v: ms from the true end of speech to the first reply audio received; late: first audio after "
+          "session.first_audio_budget_ms; underruns/gap ms: gaps in reply audio once it started, and their total")
+
+
+def concurrency_main(args: argparse.Namespace) -> None:
+    counts = [int(n) for n in args.concurrency.split(",")]
+    schedules = args.schedules.split(",")
+    runs: list[dict] = []
+    env: dict[str, str] = {}
+    if args.url:
+        for n in counts:
+            print(f"N={n} against {args.url}", flush=True)
+            turns = asyncio.run(run_concurrent(args.url, n, args.turns, args.stagger, args.rate))
+            runs.append({"n": n, "schedule": "server's", "summary": summarize(turns), "turns": turns})
+    else:
+        env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7",
+               "VOICE_AGENT_SERVER__MAX_SESSIONS": str(max(8, *counts)), **dict(s.split("=", 1) for s in args.set)}
+        print("server settings:", env)
+        with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+            servers = {}
+            for schedule in schedules:  # all up at once, so the policies take turns per N on the same machine
+                server, proc = start_server(Path(tmp), env={**env, "VOICE_AGENT_LLM__SCHEDULE": schedule})
+                stack.callback(stop_server, proc)
+                servers[schedule] = server
+            for n in counts:
+                for schedule in schedules:
+                    print(f"N={n} llm.schedule={schedule}", flush=True)
+                    turns = asyncio.run(run_concurrent(servers[schedule].ws_url, n, args.turns, args.stagger,
+                                                       args.rate))
+                    runs.append({"n": n, "schedule": schedule, "summary": summarize(turns), "turns": turns})
+    print_concurrency(runs)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "settings": env, "turns_per_call": args.turns,
+                                               "stagger_s": args.stagger, "runs": runs}, indent=1))
+        print(f"wrote {args.json}")
 
 
 def main() -> None:
@@ -122,22 +311,38 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="VOICE_AGENT_X=Y",
                         help="a setting for the server this script starts (repeatable)")
     parser.add_argument("--json", help="also write every turn to this file")
+    parser.add_argument("--voice", choices=("hibari", "espeak"), default="hibari", help="the caller's voice")
+    parser.add_argument("--baseline", metavar="VOICE_AGENT_X=Y,...",
+                        help="also run a server with these settings added, side by side")
+    parser.add_argument("--concurrency", nargs="?", const="1,2,4,8", metavar="N,N,...",
+                        help="callers at once, a comma-separated list (default 1,2,4,8): the concurrency mode")
+    parser.add_argument("--turns", type=int, default=3, help="concurrency mode: turns per call")
+    parser.add_argument("--stagger", type=float, default=0.7, help="concurrency mode: seconds between callers' starts")
+    parser.add_argument("--schedules", default="edf,fifo", help="concurrency mode: llm.schedule policies to compare")
     args = parser.parse_args()
-    print(f"CPU: {cpu.describe()}")
+    global VOICE
+    VOICE = args.voice
+    print(f"CPU: {cpu.describe()}; caller voice: {VOICE}")
+    if args.concurrency:
+        concurrency_main(args)
+        return
     env: dict[str, str] = {}
+    baseline = dict(s.split("=", 1) for s in args.baseline.split(",")) if args.baseline else {}
     if args.url:
-        results = asyncio.run(run(args.url, args.repeat, args.rate))
+        results = asyncio.run(run({"server": args.url}, args.repeat, args.rate))
     else:
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
             env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **dict(s.split("=", 1) for s in args.set)}
-            print("server settings:", env)
-            server, proc = start_server(Path(tmp), env=env)
-            try:
-                results = asyncio.run(run(server.ws_url, args.repeat, args.rate))
-            finally:
-                stop_server(proc)
+            print("server settings:", env, "baseline adds:", baseline)
+            urls = {}
+            for name, extra in (("defaults", {}), ("baseline", baseline)) if baseline else (("defaults", {}),):
+                server, proc = start_server(Path(tmp), env={**env, **extra})
+                stack.callback(stop_server, proc)
+                urls[name] = server.ws_url
+            results = asyncio.run(run(urls, args.repeat, args.rate))
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "settings": env, "turns": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "voice": VOICE, "settings": env,
+                                               "baseline": baseline, "turns": results}, indent=1))
         print(f"wrote {args.json}")
 
 

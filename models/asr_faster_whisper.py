@@ -40,14 +40,14 @@ class FasterWhisperRecognizer:
             raise BackendUnavailableError(f"faster-whisper cannot run on {device}/{compute_type}: {exc}") from exc
         log.info("ASR: faster-whisper %s on %s (%s)", config.model, device, compute_type)
 
-    def transcribe(self, audio: Audio) -> str:
+    def transcribe(self, audio: Audio, beam_size: int | None = None) -> str:
         if len(audio) < self.sample_rate // 10:
             return ""
         try:
             segments, _ = self._model.transcribe(
                 np.ascontiguousarray(audio, dtype=np.float32),
                 language=self.config.language,
-                beam_size=self.config.beam_size,
+                beam_size=beam_size or self.config.beam_size,
                 vad_filter=False,
                 condition_on_previous_text=False,
                 without_timestamps=True,

@@ -45,8 +45,9 @@ class TurnDetector(Protocol):
 class SpeechRecognizer(Protocol):
     sample_rate: int
 
-    def transcribe(self, audio: Audio) -> str:
-        """Blocking: the text of 16 kHz mono audio ("" when nothing was said)."""
+    def transcribe(self, audio: Audio, beam_size: int | None = None) -> str:
+        """Blocking: the text of 16 kHz mono audio ("" when nothing was said); `beam_size` overrides
+        the engine's own where it has one."""
         ...
 
 

@@ -1,7 +1,9 @@
 """Streaming ASR: interim transcripts while the caller speaks, a final one when the turn ends.
 
 Whisper is not a streaming model, so interim transcripts re-read the turn's audio so far, at most
-one at a time and only after `partial_interval_ms` of new speech. When the caller pauses
+one at a time and only after `partial_interval_ms` of new speech; by default only while the bot
+talks (`bot_talking`), where they tell a word from a cough, since one still running when the
+caller pauses would hold up the final transcript. When the caller pauses
 (SpeechPaused) the final transcript starts early, on the audio so far; if the turn then ends
 without more speech, that result is the final one, so the transcript is ready at `speech_end`
 instead of a Whisper pass after it. If it is ready while the pause lasts it is announced
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import numpy as np
@@ -47,6 +49,7 @@ async def asr_stage(
     worker: ModelWorker,
     config: AsrStageConfig,
     clock: Clock,
+    bot_talking: Callable[[], bool] = lambda: True,
 ) -> AsyncGenerator[InputEvent, None]:
     out: asyncio.Queue[object] = asyncio.Queue(maxsize=config.max_queued_events)  # full: the VAD waits
     tasks: set[asyncio.Task[None]] = set()
@@ -62,7 +65,7 @@ async def asr_stage(
 
     async def partial(turn_id: int, audio: np.ndarray) -> None:
         with contextlib.suppress(VoiceAgentError):  # a failed interim transcript is only skipped
-            text = await worker.run(recognizer.transcribe, audio)
+            text = await worker.run(recognizer.transcribe, audio, config.beam_size)
             if turn_id not in finalized and text:
                 await out.put(TranscriptPartial(turn_id, text, clock.now()))
 
@@ -96,11 +99,13 @@ async def asr_stage(
                 size += len(event.samples)
                 idle = partial_task is None or partial_task.done()
                 due = first_interval if partial_at == 0 else interval
-                if config.partials and early is None and size - partial_at >= due and idle:
+                wanted = config.partials and (config.partials_while_idle or bot_talking())
+                if wanted and early is None and size - partial_at >= due and idle:
                     partial_at = size
                     partial_task = spawn(partial(event.turn_id, np.concatenate(chunks)))
             elif isinstance(event, SpeechPaused):
-                early = asyncio.ensure_future(worker.run(recognizer.transcribe, np.concatenate(chunks)))
+                early = asyncio.ensure_future(worker.run(recognizer.transcribe, np.concatenate(chunks),
+                                                         config.beam_size))
                 spawn(announce(event.turn_id, early))
             elif isinstance(event, SpeechResumed):
                 if early is not None:

@@ -31,11 +31,20 @@ class EndpointingConfig(BaseModel):
 
 
 class AsrStageConfig(BaseModel):
-    partials: bool = True
+    partials: bool = Field(True, description="interim transcripts while the caller speaks over the bot (a word "
+                           "interrupts it, a cough or a backchannel does not)")
+    partials_while_idle: bool = Field(
+        False, description="interim transcripts also while the bot is silent: a live transcript, but a Whisper pass "
+        "still running when the caller pauses delays the final one (on 2 cores, voice-to-voice p50 +120 ms, "
+        "p95 +290 ms)")
     partial_interval_ms: int = Field(700, ge=100, description="new speech between interim transcripts")
     first_partial_ms: int = Field(
         300, ge=100, description="speech before a turn's first interim transcript: early, so that speech over the "
         "bot is known to be words (an interruption) or not (a cough, a backchannel) quickly")
+    beam_size: int = Field(
+        1, ge=1, le=10, description="beam for interim transcripts and the one made at a pause (the final one unless "
+        "the caller goes on): greedy was 14 % faster than beam 5 with whisper-tiny.en on machine A, with the same "
+        "words on bench/voice_latency.py's questions; asr.beam_size is used for a final made without a pause")
     max_queued_events: int = Field(
         256, ge=8, description="speech and transcript events waiting for the session; beyond it the VAD waits, "
         "and the socket's audio backlog limit (server.max_audio_backlog_ms) drops the caller's newest audio")

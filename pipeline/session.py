@@ -190,7 +190,8 @@ class Session:
         b = self.backends
         speech = vad_stage(self._frames(), vad_stream, b.vad_worker, self.config.endpointing, self.clock,
                            b.vad.sample_rate, b.vad.window_samples, b.turn, b.turn_worker)
-        events = asr_stage(speech, self.backends.asr, self.backends.asr_worker, self.config.asr, self.clock)
+        events = asr_stage(speech, self.backends.asr, self.backends.asr_worker, self.config.asr, self.clock,
+                           self._bot_talking)
         try:
             async with contextlib.aclosing(events):
                 async for event in events:
@@ -293,6 +294,10 @@ class Session:
         log.info("turn %d: %r while the bot talks: not an interruption", turn_id, text)
         self._release_reply()
         self.let_go.add(turn_id)
+
+    def _bot_talking(self) -> bool:
+        reply = self.reply
+        return reply is not None and reply.confirmed.is_set()
 
     def _is_backchannel(self, text: str) -> bool:
         """Nothing recognized, or only backchannel words ("mm-hmm", "yeah", "okay"...)."""

@@ -41,7 +41,7 @@ class FakeRecognizer:
     def __init__(self, finals: list[str]) -> None:
         self.finals = list(finals)
 
-    def transcribe(self, audio: Audio) -> str:
+    def transcribe(self, audio: Audio, beam_size: int | None = None) -> str:
         return self.finals.pop(0) if self.finals else ""
 
 

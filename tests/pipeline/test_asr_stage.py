@@ -1,9 +1,11 @@
-"""The ASR stage's own queue is bounded: a session that stops reading holds the VAD back."""
+"""The ASR stage: its own queue is bounded, and interim transcripts run only while the bot talks."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+
+import numpy as np
 
 from core.clock import MonotonicClock
 from core.worker import ModelWorker
@@ -37,3 +39,26 @@ async def test_events_wait_for_a_slow_reader_instead_of_piling_up() -> None:
     assert made == 2000 and seen == 3000  # nothing lost: 1000 starts, stops and (empty) finals
     await stage.aclose()
     worker.shutdown()
+
+
+async def test_interim_transcripts_only_while_the_bot_talks_unless_asked() -> None:
+    from pipeline.events import SpeechAudio, TranscriptPartial
+
+    async def speech() -> AsyncIterator[SpeechEvent]:
+        yield SpeechStarted(1, 0.0, 0.0)
+        for _ in range(100):  # 3.2 s of speech in 32 ms windows
+            yield SpeechAudio(1, np.full(512, 0.1, np.float32))
+            await asyncio.sleep(0.005)
+        yield SpeechStopped(1, 0.0, 0.0, 0.0)
+
+    async def partials(bot_talking: bool, while_idle: bool) -> int:
+        worker = ModelWorker("asr")
+        config = AsrStageConfig(partials_while_idle=while_idle, first_partial_ms=100, partial_interval_ms=100)
+        events = [e async for e in asr_stage(speech(), FakeRecognizer(["hello"] * 50), worker, config,
+                                             MonotonicClock(), lambda: bot_talking)]
+        worker.shutdown()
+        return sum(isinstance(e, TranscriptPartial) for e in events)
+
+    assert await partials(bot_talking=True, while_idle=False) > 0
+    assert await partials(bot_talking=False, while_idle=False) == 0  # the final is never held up by one
+    assert await partials(bot_talking=False, while_idle=True) > 0

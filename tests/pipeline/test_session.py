@@ -233,7 +233,7 @@ class SlowRecognizer(FakeRecognizer):
         super().__init__(finals)
         self.seconds = seconds
 
-    def transcribe(self, audio: Audio) -> str:
+    def transcribe(self, audio: Audio, beam_size: int | None = None) -> str:
         time.sleep(self.seconds)
         return super().transcribe(audio)
 
