@@ -86,6 +86,10 @@ class SessionConfig(BaseModel):
     max_playout_s: float = Field(
         20.0, gt=0, description="reply audio synthesized but not yet sent; beyond it the LLM and the TTS wait for "
         "playback, so a long reply holds a bounded amount of memory and leaves the CPU to other calls")
+    refill_ms: int = Field(
+        500, ge=0, description="while a reply plays, its next tokens are due this long before its audio runs out: "
+        "the time the next phrase takes to write and synthesize, so a call about to run dry goes before one that "
+        "is not (llm.schedule edf)")
     first_audio_budget_ms: int = Field(
         250, ge=0, description="a reply's first audio is due this long after the caller's end of speech: the LLM "
         "serves calls by when their audio is due (llm.schedule edf), and a later first audio counts as a deadline "

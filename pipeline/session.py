@@ -538,13 +538,14 @@ class Session:
                 reply.queued_samples -= len(piece)
                 if reply.queued_samples < bound:
                     reply.room.set()
-                # The token-rate budget: the LLM's next tokens are due when the audio made so far
-                # runs out (other calls' first, if theirs runs out sooner) ...
-                due = playhead + reply.queued_samples / self.output_rate
+                # The token-rate budget: the audio made so far runs out at `dry`; the LLM's next
+                # tokens are due earlier by the time the next phrase takes to write and synthesize
+                # (other calls' first, if theirs are due sooner) ...
+                dry = playhead + reply.queued_samples / self.output_rate
                 if generation == self.generation:
-                    self.conversation.set_deadline(due)
+                    self.conversation.set_deadline(dry - cfg.refill_ms / 1000)
                 # ... and far ahead of playback, speculation buys nothing.
-                ahead = due - self.clock.now()
+                ahead = dry - self.clock.now()
                 if (ahead > cfg.speculation_relax_s) != relaxed:
                     relaxed = not relaxed
                     self.conversation.set_speculation_cap(0 if relaxed else None)
