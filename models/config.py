@@ -27,8 +27,8 @@ class AsrConfig(BaseModel):
     compute_type: str = Field("int8", description="int8 on CPU; float16 on CUDA")
     threads: int = Field(0, ge=0, description="CPU threads for CTranslate2 (0: every core)")
     language: str | None = "en"
-    beam_size: int = Field(5, ge=1, le=10, description="beam for a final transcript made after the turn ended (most "
-                           "are made at the pause before it, with asr_stage.beam_size)")
+    beam_size: int = Field(5, ge=1, le=10, description="beam for final transcripts (asr_stage.interim_beam_size for "
+                           "interim ones)")
 
 
 class TtsConfig(BaseModel):

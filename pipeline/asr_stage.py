@@ -65,7 +65,7 @@ async def asr_stage(
 
     async def partial(turn_id: int, audio: np.ndarray) -> None:
         with contextlib.suppress(VoiceAgentError):  # a failed interim transcript is only skipped
-            text = await worker.run(recognizer.transcribe, audio, config.beam_size)
+            text = await worker.run(recognizer.transcribe, audio, config.interim_beam_size)
             if turn_id not in finalized and text:
                 await out.put(TranscriptPartial(turn_id, text, clock.now()))
 
@@ -104,8 +104,7 @@ async def asr_stage(
                     partial_at = size
                     partial_task = spawn(partial(event.turn_id, np.concatenate(chunks)))
             elif isinstance(event, SpeechPaused):
-                early = asyncio.ensure_future(worker.run(recognizer.transcribe, np.concatenate(chunks),
-                                                         config.beam_size))
+                early = asyncio.ensure_future(worker.run(recognizer.transcribe, np.concatenate(chunks)))
                 spawn(announce(event.turn_id, early))
             elif isinstance(event, SpeechResumed):
                 if early is not None:

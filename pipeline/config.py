@@ -41,10 +41,10 @@ class AsrStageConfig(BaseModel):
     first_partial_ms: int = Field(
         300, ge=100, description="speech before a turn's first interim transcript: early, so that speech over the "
         "bot is known to be words (an interruption) or not (a cough, a backchannel) quickly")
-    beam_size: int = Field(
-        1, ge=1, le=10, description="beam for interim transcripts and the one made at a pause (the final one unless "
-        "the caller goes on): greedy was 14 % faster than beam 5 with whisper-tiny.en on machine A, with the same "
-        "words on bench/voice_latency.py's questions; asr.beam_size is used for a final made without a pause")
+    interim_beam_size: int = Field(
+        1, ge=1, le=10, description="beam for interim transcripts (greedy: 14 % faster than beam 5 with "
+        "whisper-tiny.en on machine A); the final one, made at the pause, uses asr.beam_size, since greedy search "
+        "misheard an 8 kHz question that beam 5 got right")
     max_queued_events: int = Field(
         256, ge=8, description="speech and transcript events waiting for the session; beyond it the VAD waits, "
         "and the socket's audio backlog limit (server.max_audio_backlog_ms) drops the caller's newest audio")

@@ -118,7 +118,7 @@ class Reply:
     # A preemptive reply (started at a pause) sends nothing until the turn is confirmed over.
     confirmed: asyncio.Event = field(default_factory=asyncio.Event)
     preemptive: bool = False
-    unsent_text: list[ReplyText] = field(default_factory=list)  # text deltas held until confirmed
+    unsent: list[OutEvent] = field(default_factory=list)  # text deltas and errors held until confirmed
     words: int = 0  # words generated so far
     first_audio_due: float | None = None  # clock time: end of speech + session.first_audio_budget_ms
     deadline_missed: bool = False  # its first audio went out after first_audio_due
@@ -409,9 +409,17 @@ class Session:
         reply.first_audio_due = ended + self.config.session.first_audio_budget_ms / 1000
         self.conversation.set_deadline(reply.first_audio_due)
         reply.confirmed.set()
-        held, reply.unsent_text = reply.unsent_text, []
+        held, reply.unsent = reply.unsent, []
         for event in held:
             await self.outbound.send_event(event)
+
+    async def _send_for(self, reply: Reply, event: OutEvent) -> None:
+        """Send a reply's event, or hold it while the reply is preemptive and unconfirmed: the
+        caller learns nothing of a reply that may be dropped."""
+        if reply.confirmed.is_set():
+            await self.outbound.send_event(event)
+        else:
+            reply.unsent.append(event)
 
     async def _discard_preemptive(self, reply: Reply, why: str) -> None:
         """Drop a preemptive reply nobody heard. The LLM's cache keeps the prompt, so a reply to the
@@ -443,10 +451,7 @@ class Session:
                     if isinstance(event, ReplyText):
                         turn.mark("llm_first_token", event.at)
                         reply.words += len(event.text.split())
-                        if reply.confirmed.is_set():
-                            await self.outbound.send_event(event)
-                        else:
-                            reply.unsent_text.append(event)
+                        await self._send_for(reply, event)
                     elif isinstance(event, Phrase):
                         turn.mark("first_phrase", event.at)
                         reply.ledger.add_phrase(event.index, event.text)
@@ -465,7 +470,7 @@ class Session:
                 detail = f"{type(exc).__name__}: {exc}"
                 log.error("turn %d: the reply failed: %s", turn.turn_id, detail, exc_info=exc)
                 reply.error = f"{code}: {detail}"
-                await self.outbound.send_event(ErrorEvent(code, f"the reply failed: {detail}", turn.turn_id))
+                await self._send_for(reply, ErrorEvent(code, f"the reply failed: {detail}", turn.turn_id))
         finally:
             reply.playout.put_nowait(None)  # the player always learns that nothing more is coming
             # Close the line from its end back to the LLM, so an abandoned generation stops now.
@@ -476,7 +481,7 @@ class Session:
         """The LLM failed: say a short apology, unless reply audio was already queued (never fall
         back once the turn has sent audio)."""
         code = (reply.error or "engine_error").split(":", 1)[0]
-        await self.outbound.send_event(ErrorEvent(code, f"the reply failed: {reply.error}", reply.turn.turn_id))
+        await self._send_for(reply, ErrorEvent(code, f"the reply failed: {reply.error}", reply.turn.turn_id))
         if reply.ledger.produced:
             return
         tts = self.backends.tts

@@ -113,8 +113,10 @@ async def test_llm_that_stops_answering_gives_an_apology(tmp_path: Path) -> None
 
     fake = FakeLLMServer(script)
     async with fake.running():
+        # timed from the final transcript: no preemptive reply may ask the LLM before it
         env = {"VOICE_AGENT_LLM__ENGINE": "openai", "VOICE_AGENT_LLM__BASE_URL": fake.base_url,
-               "VOICE_AGENT_LLM__READ_TIMEOUT_S": "1", "VOICE_AGENT_LLM__RETRIES_BEFORE_FIRST_TOKEN": "1"}
+               "VOICE_AGENT_LLM__READ_TIMEOUT_S": "1", "VOICE_AGENT_LLM__RETRIES_BEFORE_FIRST_TOKEN": "1",
+               "VOICE_AGENT_SESSION__PREEMPTIVE": "false"}
         server, proc = await asyncio.to_thread(start_server, tmp_path, env, 480)
         try:
             client = VoiceClient(server.ws_url, 16000)

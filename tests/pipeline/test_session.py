@@ -509,3 +509,22 @@ async def test_a_backchannel_whose_turn_ends_late_is_let_go_at_its_pause() -> No
     assert len(llm.requests) == 1  # "yeah" got no reply of its own
     await session.audio_in.put(None)
     await task
+
+
+async def test_a_preemptive_replys_error_waits_for_the_end_of_the_turn_like_its_text() -> None:
+    llm = FakeLLM(["Sure thing. One two three four five six seven. Eight nine ten eleven twelve thirteen."])
+    session, out = preemptive_session(llm, ["Count for me."])
+    session.backends = Backends(FakeVad(), FakeRecognizer(["Count for me."]), FailingSynthesizer(), llm)
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    for _ in range(40):  # a pause at 192 ms (the reply starts and fails), the end at 600 ms
+        await speak(session, 0.02, False)
+        await asyncio.sleep(0.02)
+    await out.wait(lambda: done_events(out))
+    done = done_events(out)[0]
+    assert done.status == "failed" and done.preemptive
+    stopped = next(i for i, e in enumerate(out.events) if isinstance(e, SpeechStopped))
+    errors = [i for i, e in enumerate(out.events) if isinstance(e, ErrorEvent)]
+    assert errors and min(errors) > stopped  # nothing about the reply before the turn was over
+    await session.audio_in.put(None)
+    await task
