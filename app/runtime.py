@@ -116,12 +116,10 @@ def load_backends(settings: Settings, clock: Clock, say: object = print) -> Back
     report = say if callable(say) else print
     report("loading VAD")
     vad = registry.load_vad(settings.vad)
-    turn = None
-    if settings.turn.engine != "off":
-        report(f"loading the end-of-turn model ({settings.turn.model})")
-        turn = registry.load_turn(settings.turn)
-        if turn is not None:
-            turn.probability(np.zeros(turn.sample_rate, dtype=np.float32))
+    turn = registry.load_turn(settings.turn)  # None when turn.engine is off
+    if turn is not None:
+        report(f"loaded the end-of-turn model ({settings.turn.model})")
+        turn.probability(np.zeros(turn.sample_rate, dtype=np.float32))
     report(f"loading ASR ({settings.asr.engine}, {settings.asr.model})")
     asr = registry.load_asr(settings.asr)
     asr.transcribe(np.zeros(asr.sample_rate, dtype=np.float32))

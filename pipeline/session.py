@@ -238,6 +238,7 @@ class Session:
                 # (the end of their turn can be a second away when it does not sound finished)
                 if self._is_backchannel(event.text):
                     self._let_go(event.turn_id, event.text)
+                    self.let_go.add(event.turn_id)  # until its final transcript, or until it goes on
                 else:
                     await self._barge_in("a word")
             elif (self.config.session.preemptive and self.reply is None and self.pending_barge is None
@@ -258,7 +259,6 @@ class Session:
         if isinstance(event, TranscriptFinal) and self.pending_barge == event.turn_id:
             if self._is_backchannel(event.text):
                 self._let_go(event.turn_id, event.text)
-                self.let_go.discard(event.turn_id)
                 self.turns.pop(event.turn_id, None)
                 return
             await self._barge_in("a word")
@@ -293,7 +293,6 @@ class Session:
         """What the caller said over the bot was only a backchannel: the reply goes on."""
         log.info("turn %d: %r while the bot talks: not an interruption", turn_id, text)
         self._release_reply()
-        self.let_go.add(turn_id)
 
     def _bot_talking(self) -> bool:
         reply = self.reply
@@ -391,9 +390,7 @@ class Session:
         if preemptive:
             self.conversation.set_deadline(None)
         else:
-            ended = turn.ended_at if turn.ended_at is not None else turn.marks.get("speech_end", self.clock.now())
-            reply.first_audio_due = ended + self.config.session.first_audio_budget_ms / 1000
-            self.conversation.set_deadline(reply.first_audio_due)
+            self._first_audio_due(reply)
         reply.tasks = [
             asyncio.create_task(self._produce(reply, generation)),
             asyncio.create_task(self._play(reply, generation)),
@@ -404,14 +401,19 @@ class Session:
         and sends what it has (held text at once, audio paced as usual)."""
         log.info("turn %d: preemptive reply confirmed (%d words ready)", reply.turn.turn_id, reply.words)
         self.history.append(ChatMessage("user", reply.user_text))
-        turn = reply.turn
-        ended = turn.ended_at if turn.ended_at is not None else self.clock.now()
-        reply.first_audio_due = ended + self.config.session.first_audio_budget_ms / 1000
-        self.conversation.set_deadline(reply.first_audio_due)
+        self._first_audio_due(reply)
         reply.confirmed.set()
         held, reply.unsent = reply.unsent, []
         for event in held:
             await self.outbound.send_event(event)
+
+    def _first_audio_due(self, reply: Reply) -> None:
+        """The reply's first audio is due first_audio_budget_ms after the caller's end of speech;
+        the LLM serves the call whose audio is due soonest."""
+        turn = reply.turn
+        ended = turn.ended_at if turn.ended_at is not None else turn.marks.get("speech_end", self.clock.now())
+        reply.first_audio_due = ended + self.config.session.first_audio_budget_ms / 1000
+        self.conversation.set_deadline(reply.first_audio_due)
 
     async def _send_for(self, reply: Reply, event: OutEvent) -> None:
         """Send a reply's event, or hold it while the reply is preemptive and unconfirmed: the

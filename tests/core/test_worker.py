@@ -10,19 +10,26 @@ import pytest
 from core.worker import CpuGate, Lane, ModelWorker, Schedule
 
 
-async def run_queued(worker: ModelWorker, jobs: list[tuple[str, float | None]]) -> list[str]:
-    """Hold the worker's thread with a blocking job, queue `jobs` (name, deadline) in that order
-    behind it, release it, and return the order the jobs ran in."""
+async def hold(worker: ModelWorker, deadline: float | None = None) -> tuple[threading.Event, asyncio.Future[None]]:
+    """Hold the worker's thread with a blocking job (so that jobs queue behind it); set the event to
+    let it go."""
     release = threading.Event()
     started = threading.Event()
-    ran: list[str] = []
 
     def block() -> None:
         started.set()
         release.wait(10)
 
-    blocker = asyncio.ensure_future(worker.run_by(0.0, block))
+    blocker = asyncio.ensure_future(worker.run_by(deadline, block))
     await asyncio.to_thread(started.wait, 10)
+    return release, blocker
+
+
+async def run_queued(worker: ModelWorker, jobs: list[tuple[str, float | None]]) -> list[str]:
+    """Hold the worker's thread, queue `jobs` (name, deadline) in that order behind it, release it,
+    and return the order the jobs ran in."""
+    ran: list[str] = []
+    release, blocker = await hold(worker, 0.0)
     tasks = [asyncio.ensure_future(worker.run_by(due, ran.append, name)) for name, due in jobs]
     await asyncio.sleep(0)  # every job queued while the thread is held
     release.set()
@@ -54,16 +61,8 @@ async def test_a_lanes_deadline_is_read_when_the_next_job_is_chosen() -> None:
     while it waits."""
     worker = ModelWorker("test", schedule="edf")
     lane = Lane()
-    release = threading.Event()
-    started = threading.Event()
     ran: list[str] = []
-
-    def block() -> None:
-        started.set()
-        release.wait(10)
-
-    blocker = asyncio.ensure_future(worker.run(block))
-    await asyncio.to_thread(started.wait, 10)
+    release, blocker = await hold(worker)
     other = asyncio.ensure_future(worker.run_by(5.0, ran.append, "other"))
     head_start = asyncio.ensure_future(worker.run_by(lane, ran.append, "head start"))
     await asyncio.sleep(0)
@@ -81,13 +80,7 @@ async def test_the_most_urgent_lane_gets_its_steps_back_to_back() -> None:
     worker = ModelWorker("test", schedule="edf", follow_s=10.0)  # a bound, never reached here
     urgent = Lane()
     urgent.deadline = 1.0
-    release = threading.Event()
-    started = threading.Event()
     ran: list[str] = []
-
-    def block() -> None:
-        started.set()
-        release.wait(10)
 
     def step(name: str, more: bool) -> None:
         ran.append(name)
@@ -97,8 +90,7 @@ async def test_the_most_urgent_lane_gets_its_steps_back_to_back() -> None:
         for i in range(3):
             await worker.run_by(urgent, step, f"urgent {i}", i < 2)
 
-    blocker = asyncio.ensure_future(worker.run(block))
-    await asyncio.to_thread(started.wait, 10)
+    release, blocker = await hold(worker)
     steps = asyncio.ensure_future(generation())
     later = asyncio.ensure_future(worker.run_by(5.0, ran.append, "later"))
     await asyncio.sleep(0)
@@ -110,16 +102,8 @@ async def test_the_most_urgent_lane_gets_its_steps_back_to_back() -> None:
 
 async def test_a_cancelled_job_never_runs_and_the_rest_do() -> None:
     worker = ModelWorker("test", schedule="edf")
-    release = threading.Event()
-    started = threading.Event()
     ran: list[str] = []
-
-    def block() -> None:
-        started.set()
-        release.wait(10)
-
-    blocker = asyncio.ensure_future(worker.run(block))
-    await asyncio.to_thread(started.wait, 10)
+    release, blocker = await hold(worker)
     dropped = asyncio.ensure_future(worker.run_by(1.0, ran.append, "dropped"))
     kept = asyncio.ensure_future(worker.run_by(2.0, ran.append, "kept"))
     await asyncio.sleep(0)

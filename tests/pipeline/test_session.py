@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -120,9 +121,8 @@ async def test_noise_without_words_gets_no_reply() -> None:
 async def test_speculation_is_capped_while_far_ahead_of_playback() -> None:
     llm = FakeLLM(["One two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen."])
     session, out = make_session(llm, ["Count to fifteen."])
-    session.config = PipelineConfig(session.config.endpointing, session.config.asr, session.config.chunker,
-                                    SessionConfig(output_lead_ms=0, output_chunk_ms=20, speculation_relax_s=0.8),
-                                    session.config.sampling)
+    session.config = replace(session.config, session=SessionConfig(output_lead_ms=0, output_chunk_ms=20,
+                                                                   speculation_relax_s=0.8))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.5, False)
@@ -263,8 +263,7 @@ async def test_with_playback_reports_the_history_keeps_what_was_heard_not_what_w
     barge-in), not the words of everything sent."""
     llm = FakeLLM([STORY, "Okay."])
     session, out = make_session(llm, ["Tell me a story.", "Stop."])
-    session.config = PipelineConfig(session.config.endpointing, session.config.asr, session.config.chunker,
-                                    SessionConfig(output_lead_ms=1500, output_chunk_ms=20), session.config.sampling)
+    session.config = replace(session.config, session=SessionConfig(output_lead_ms=1500, output_chunk_ms=20))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.4, False)
@@ -315,9 +314,8 @@ async def test_reply_audio_waiting_to_be_sent_is_bounded_and_the_llm_waits_for_i
     llm = FakeLLM([STORY])
     llm.token_delay = 0.0
     session, out = make_session(llm, ["Tell me a story."])
-    session.config = PipelineConfig(session.config.endpointing, session.config.asr, session.config.chunker,
-                                    SessionConfig(output_lead_ms=0, output_chunk_ms=20, max_playout_s=0.5),
-                                    session.config.sampling)
+    session.config = replace(session.config, session=SessionConfig(output_lead_ms=0, output_chunk_ms=20,
+                                                                   max_playout_s=0.5))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.5, False)
@@ -342,9 +340,7 @@ async def test_reply_audio_waiting_to_be_sent_is_bounded_and_the_llm_waits_for_i
 
 
 def with_session_config(session: Session, **settings: float) -> None:
-    c = session.config
-    session.config = PipelineConfig(c.endpointing, c.asr, c.chunker,
-                                    SessionConfig(output_chunk_ms=20, **settings), c.sampling)
+    session.config = replace(session.config, session=SessionConfig(output_chunk_ms=20, **settings))
 
 
 async def speak_now(session: Session, seconds: float, loud: bool) -> None:
@@ -410,10 +406,10 @@ async def test_first_audio_after_its_budget_is_a_deadline_miss() -> None:
 
 def preemptive_session(llm: FakeLLM, finals: list[str]) -> tuple[Session, RecordingOutbound]:
     session, out = make_session(llm, finals)
-    session.config = PipelineConfig(
-        EndpointingConfig(min_speech_ms=64, end_silence_ms=600, early_final_ms=192, prefix_padding_ms=100),
-        session.config.asr, session.config.chunker, SessionConfig(output_lead_ms=0, output_chunk_ms=20),
-        session.config.sampling)
+    session.config = replace(
+        session.config,
+        endpointing=EndpointingConfig(min_speech_ms=64, end_silence_ms=600, early_final_ms=192, prefix_padding_ms=100),
+        session=SessionConfig(output_lead_ms=0, output_chunk_ms=20))
     return session, out
 
 
@@ -488,10 +484,10 @@ async def test_a_backchannel_whose_turn_ends_late_is_let_go_at_its_pause() -> No
     audio is held for; its transcript at the pause already shows it is a backchannel."""
     llm = FakeLLM([STORY])
     session, out = make_session(llm, ["Tell me a story.", "yeah"])
-    session.config = PipelineConfig(
-        EndpointingConfig(min_speech_ms=64, end_silence_ms=1600, early_final_ms=192, prefix_padding_ms=100),
-        session.config.asr, session.config.chunker,
-        SessionConfig(output_lead_ms=0, output_chunk_ms=20, barge_in_max_hold_ms=900), session.config.sampling)
+    session.config = replace(
+        session.config,
+        endpointing=EndpointingConfig(min_speech_ms=64, end_silence_ms=1600, early_final_ms=192, prefix_padding_ms=100),
+        session=SessionConfig(output_lead_ms=0, output_chunk_ms=20, barge_in_max_hold_ms=900))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     for _ in range(90):  # the first turn ends after 1.6 s of silence, in real time
