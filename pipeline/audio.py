@@ -1,9 +1,18 @@
-"""PCM conversions and resampling (soxr, streaming so chunk edges leave no clicks)."""
+"""PCM conversions, G.711 mu-law (the phone line's codec) and resampling (soxr, streaming so chunk
+edges leave no clicks)."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import soxr
+
+with warnings.catch_warnings():
+    # The standard library's audioop (deprecated, removed in Python 3.13, where the audioop-lts package
+    # provides the same module) is the maintained C implementation of G.711.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import audioop
 
 from models.protocols import Audio
 
@@ -16,6 +25,23 @@ def pcm16_to_float(data: bytes) -> Audio:
 
 def float_to_pcm16(samples: Audio) -> bytes:
     return (np.clip(samples, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
+
+
+def mulaw_to_pcm16(data: bytes) -> bytes:
+    """8-bit mu-law bytes (G.711, as Twilio and Telnyx PCMU carry them) to little-endian PCM16."""
+    return audioop.ulaw2lin(data, 2)
+
+
+def pcm16_to_mulaw(data: bytes) -> bytes:
+    return audioop.lin2ulaw(data, 2)
+
+
+def mulaw_to_float(data: bytes) -> Audio:
+    return pcm16_to_float(mulaw_to_pcm16(data))
+
+
+def float_to_mulaw(samples: Audio) -> bytes:
+    return pcm16_to_mulaw(float_to_pcm16(samples))
 
 
 class StreamResampler:
