@@ -72,8 +72,9 @@ def _serve(args: argparse.Namespace) -> None:
     logging.basicConfig(level=settings.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     uvicorn.run(create_app(settings), host=settings.server.host, port=settings.server.port,
-                log_level=settings.server.log_level, ws_max_size=max(settings.server.max_frame_bytes,
-                                                                     settings.server.max_text_bytes) * 4)
+                log_level=settings.server.log_level,
+                ws_max_size=max(settings.server.max_frame_bytes, settings.server.max_text_bytes,
+                                settings.phone.max_frame_bytes) * 4)
 
 
 def _list() -> None:

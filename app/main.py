@@ -14,7 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from app import openai_api, ws_native
+from app import openai_api, phone_telnyx, phone_twilio, qa_api, ws_native
 from app.runtime import Runtime
 from app.settings import Settings
 from core.clock import Clock, MonotonicClock
@@ -31,7 +31,10 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(runtime.load())
+        phone_twilio.log_setup(runtime.settings)
+        phone_telnyx.log_setup(runtime.settings)
         runtime.start_vllm_metrics()
+        await runtime.open_store()
         try:
             yield
         finally:
@@ -42,6 +45,9 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.state.runtime = runtime
     app.include_router(ws_native.router)
     app.include_router(openai_api.router)
+    app.include_router(qa_api.router)
+    app.include_router(phone_twilio.router)
+    app.include_router(phone_telnyx.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)

@@ -12,6 +12,8 @@ import numpy as np
 
 from app.metrics import Metrics
 from app.settings import Settings
+from app.store import CallStore
+from app.store.traces import TurnTracer, make_tracer
 from core.clock import Clock
 from core.errors import VoiceAgentError
 from models import registry
@@ -29,11 +31,26 @@ class Runtime:
     backends: Backends | None = None
     load_error: str | None = None
     status: str = "starting"
-    sessions: set[str] = field(default_factory=set)
+    sessions: dict[str, str] = field(default_factory=dict)  # live calls: id -> transport (ws, twilio, telnyx)
     api_requests: int = 0  # generations in progress through /v1
     metrics: Metrics = field(default_factory=Metrics)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     vllm_metrics: VllmMetricsPoller | None = None
+    store: CallStore | None = None  # every call and turn, for QA (storage.enabled); see app/store/store.py
+    store_error: str | None = None  # why the store is off, when it failed to open
+    tracer: TurnTracer | None = None  # each turn as an OTLP trace (otel.endpoint)
+
+    def open_session(self, session_id: str, transport: str) -> None:
+        self.sessions[session_id] = transport
+        self._count_active(transport)
+
+    def close_session(self, session_id: str) -> None:
+        transport = self.sessions.pop(session_id, None)
+        if transport is not None:
+            self._count_active(transport)
+
+    def _count_active(self, transport: str) -> None:
+        self.metrics.active_sessions.labels(transport).set(sum(t == transport for t in self.sessions.values()))
 
     async def on_turn(self, done: ResponseDone) -> None:
         self.metrics.observe_turn(done)
@@ -87,6 +104,23 @@ class Runtime:
                                                   interval_s=llm.vllm_metrics_interval_s)
             self.vllm_metrics.start()
 
+    async def open_store(self) -> None:
+        """Open the call store (its migrations run here) and the trace exporter. A store that cannot
+        open is logged and left off: calls go on without it, and /api/calls says why."""
+        if self.settings.storage.enabled and self.store is None:
+            store = CallStore(self.settings.storage, clock=self.clock,
+                              on_drop=lambda reason: self.metrics.store_dropped.labels(reason).inc())
+            try:
+                await store.open()
+            except Exception as exc:
+                await store.close()
+                self.store_error = f"{type(exc).__name__}: {exc}"
+                log.exception("the call store failed to open; calls are not kept")
+            else:
+                self.store = store
+        if self.tracer is None:
+            self.tracer = make_tracer(self.settings.otel)
+
     def _say(self, status: str) -> None:
         self.status = status
         log.info("%s", status)
@@ -99,6 +133,12 @@ class Runtime:
             for worker in (self.backends.vad_worker, self.backends.turn_worker, self.backends.asr_worker,
                            self.backends.tts_worker):
                 worker.shutdown()
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
+        if self.tracer is not None:
+            await asyncio.to_thread(self.tracer.shutdown)
+            self.tracer = None
 
 
 def _set_result(fut: asyncio.Future[Backends], value: Backends) -> None:

@@ -13,9 +13,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from app.store.config import OtelConfig, StorageConfig
 from core.errors import ConfigError
 from models.config import AsrConfig, LlmConfig, TtsConfig, TurnConfig, VadConfig
 from models.protocols import SamplingParams
@@ -37,6 +38,51 @@ class ServerConfig(BaseModel):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+class TwilioConfig(BaseModel):
+    """Twilio Media Streams (docs/phone.md). Every request Twilio makes is signed with the auth token."""
+
+    auth_token: SecretStr = Field(SecretStr(""), description="the account's auth token: the key of X-Twilio-Signature")
+    public_url: str = Field(
+        "", description="the URL Twilio calls, e.g. https://voice.example.com (behind a proxy or a tunnel the request "
+        "does not show it, and signatures cover it); the media stream is its wss:// form")
+    check_signatures: bool = Field(
+        True, description="false accepts unsigned requests: for local testing only (a warning at start-up)")
+    shared_keys: dict[str, SecretStr] = Field(
+        default_factory=dict, description="SharedKey id -> secret, for webhooks whose X-Twilio-Webhooks-Signature-"
+        "Settings names a key (HMAC-SHA256); a request naming no known key is checked with the auth token")
+
+    @field_validator("public_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if value and not value.startswith(("https://", "http://")):
+            raise ValueError(f"twilio.public_url must start with https:// (or http://), got {value!r}")
+        if "?" in value or "#" in value:
+            raise ValueError("twilio.public_url takes no query or fragment")
+        return value.rstrip("/")
+
+
+class TelnyxConfig(BaseModel):
+    """Telnyx media streaming (docs/phone.md). Telnyx does not sign the media socket: the operator puts a
+    secret token in the stream URL (`?token=...`) or sets it as the stream's streaming auth token."""
+
+    stream_token: SecretStr = Field(SecretStr(""), description="the secret every /telnyx/media connection must carry")
+    check_token: bool = Field(
+        True, description="false accepts connections without the token: for local testing only (a warning at "
+        "start-up)")
+
+
+class PhoneConfig(BaseModel):
+    """What the phone transports (Twilio, Telnyx) share. The inter-digit timeout of DTMF is
+    session.dtmf_timeout_ms."""
+
+    mark_interval_ms: int = Field(
+        200, ge=20, le=5000, description="a mark after every this much reply audio (and at its end): the marks the "
+        "provider echoes once played tell what the caller heard")
+    max_frame_bytes: int = Field(65536, ge=1024, description="largest text frame from the provider")
+    max_media_payload_bytes: int = Field(
+        16000, ge=160, description="largest decoded audio payload of one media frame (2 s of 8 kHz mu-law)")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VOICE_AGENT_", env_nested_delimiter="__", extra="ignore")
 
@@ -50,6 +96,11 @@ class Settings(BaseSettings):
     chunker: ChunkerConfig = ChunkerConfig()
     tts: TtsConfig = TtsConfig()
     session: SessionConfig = SessionConfig()
+    twilio: TwilioConfig = TwilioConfig()
+    telnyx: TelnyxConfig = TelnyxConfig()
+    phone: PhoneConfig = PhoneConfig()
+    storage: StorageConfig = StorageConfig()
+    otel: OtelConfig = OtelConfig()
 
     @classmethod
     def settings_customise_sources(

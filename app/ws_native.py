@@ -59,7 +59,7 @@ class SocketOutbound:
             self.underruns += event.underruns
         await self.send_json(event_json(event))
 
-    async def send_audio(self, pcm16: bytes) -> None:
+    async def send_audio(self, pcm16: bytes, turn_id: int) -> None:
         await self._send(self.websocket.send_bytes, pcm16)
 
     async def _send(self, fn: Any, payload: Any) -> None:
@@ -181,7 +181,7 @@ class Connection:
             runtime.backends, runtime.pipeline_config(), runtime.clock, self.outbound,
             output_rate=output_rate, system_prompt=instructions or None, on_turn=runtime.on_turn,
         )
-        runtime.metrics.sessions.inc()
+        runtime.metrics.sessions.labels("ws").inc()
         await self.outbound.send_json({
             "type": "session.started",
             "session_id": self.session_id,
@@ -261,15 +261,13 @@ async def ws_endpoint(websocket: WebSocket) -> None:
         await websocket.close(CLOSE_TRY_LATER)
         return
     connection = Connection(websocket, runtime)
-    runtime.sessions.add(connection.session_id)
-    runtime.metrics.active_sessions.set(len(runtime.sessions))
+    runtime.open_session(connection.session_id, "ws")
     try:
         await connection.run()
     except WebSocketDisconnect:
         pass
     finally:
-        runtime.sessions.discard(connection.session_id)
-        runtime.metrics.active_sessions.set(len(runtime.sessions))
+        runtime.close_session(connection.session_id)
         out = connection.outbound
         log.info("%s closed: %d replies, %d deadline misses, %d underruns", connection.session_id, out.turns,
                  out.deadline_misses, out.underruns)

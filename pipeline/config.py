@@ -90,6 +90,10 @@ class SessionConfig(BaseModel):
         500, ge=0, description="while a reply plays, its next tokens are due this long before its audio runs out: "
         "the time the next phrase takes to write and synthesize, so a call about to run dry goes before one that "
         "is not (llm.schedule edf)")
+    dtmf_timeout_ms: int = Field(
+        1500, ge=100, le=30000, description="keypad digits (phone DTMF) are collected until none comes for this long; "
+        "then they reach the conversation as the caller's turn (\"The caller pressed 4 2 # on the phone keypad.\")")
+    max_dtmf_digits: int = Field(32, ge=1, le=256, description="digits in one keypad turn; more are dropped")
     first_audio_budget_ms: int = Field(
         250, ge=0, description="a reply's first audio is due this long after the caller's end of speech: the LLM "
         "serves calls by when their audio is due (llm.schedule edf), and a later first audio counts as a deadline "

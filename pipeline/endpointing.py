@@ -7,9 +7,10 @@ it on a real VAD, keeps the turn's audio, and yields SpeechStarted / SpeechAudio
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,11 +122,14 @@ async def vad_stage(
     window_samples: int = 512,
     turn: TurnDetector | None = None,
     turn_worker: ModelWorker | None = None,
+    turn_ids: Iterator[int] | None = None,
 ) -> AsyncGenerator[SpeechEvent, None]:
     """Audio frames in; the caller's turns out, as start, audio chunks, pause, resume, stop.
 
     With an end-of-turn model, each pause asks it (on `turn_worker`, while audio keeps flowing)
-    whether the turn is complete; a yes, if the caller is still silent, ends the turn at once."""
+    whether the turn is complete; a yes, if the caller is still silent, ends the turn at once.
+    Turns are numbered from `turn_ids` (the session's, which numbers its keypad turns from the same
+    counter), or from 1."""
     window_ms = 1000.0 * window_samples / sample_rate
     use_model = turn is not None and config.early_final_ms > 0
     endpointer = Endpointer(config, window_ms, turn_model=use_model)
@@ -138,6 +142,7 @@ async def vad_stage(
     asking: tuple[int, asyncio.Task[float]] | None = None  # (pause number, the model's answer to come)
     pending = np.zeros(0, dtype=np.float32)  # samples not yet classified by the VAD
     consumed = 0  # samples classified so far
+    ids = turn_ids if turn_ids is not None else itertools.count(1)
     turn_id = 0
 
     def stopped(decision: Decision, frame: AudioFrame, probability: float | None) -> SpeechStopped:
@@ -164,7 +169,7 @@ async def vad_stage(
                         decision = endpointer.end_turn()
                 if endpointer.in_speech or (decision is not None and decision.kind == "stop"):
                     if decision is not None and decision.kind == "start":
-                        turn_id += 1
+                        turn_id = next(ids)
                         yield SpeechStarted(turn_id, clock.now(), decision.audio_ms)
                         pad_start = max(0.0, decision.audio_ms - config.prefix_padding_ms)
                         history.append(window)

@@ -8,6 +8,10 @@ the reply line and fills a playout queue; a player task sends its audio no faste
 (plus a small lead), so "sent" stays close to "heard". When the caller speaks during a reply
 (barge-in) the reply's generation is bumped, both tasks are cancelled, the LLM and TTS work stops,
 and the history keeps only the part of the reply that was sent.
+
+Keys pressed on a phone (DTMF, `on_dtmf`) are a turn of their own: collected until
+`session.dtmf_timeout_ms` passes without one, then answered like words ("The caller pressed 4 2 #
+on the phone keypad."). Speech turns and keypad turns are numbered from one counter.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -97,7 +102,10 @@ class Outbound(Protocol):
 
     async def send_event(self, event: OutEvent) -> None: ...
 
-    async def send_audio(self, pcm16: bytes) -> None: ...
+    async def send_audio(self, pcm16: bytes, turn_id: int) -> None:
+        """Reply audio at the session's output rate, of the turn `turn_id` (a phone transport marks
+        how much of each turn's audio it sent, to learn how much was played)."""
+        ...
 
 
 @dataclass
@@ -128,6 +136,11 @@ class Reply:
 
 async def _one(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:
     yield item
+
+
+def dtmf_text(digits: list[str]) -> str:
+    """Keys pressed on the phone, as the caller's words for the LLM."""
+    return f"The caller pressed {' '.join(digits)} on the phone keypad."
 
 
 def _plain_words(text: str) -> str:
@@ -181,6 +194,10 @@ class Session:
         self.let_go: set[int] = set()  # turns over the bot heard as backchannels, until their final transcript
         self.discarded = 0  # preemptive replies dropped since the last reply was sent
         self.discarded_words = 0
+        self.turn_ids = itertools.count(1)  # speech turns (vad_stage) and keypad turns (on_dtmf) alike
+        self.digits: list[str] = []  # keys pressed, not yet answered
+        self.last_digit_at = 0.0
+        self.dtmf_timer: asyncio.Task[None] | None = None
 
     # -- the input line --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -189,7 +206,7 @@ class Session:
         vad_stream = self.backends.vad.new_stream()
         b = self.backends
         speech = vad_stage(self._frames(), vad_stream, b.vad_worker, self.config.endpointing, self.clock,
-                           b.vad.sample_rate, b.vad.window_samples, b.turn, b.turn_worker)
+                           b.vad.sample_rate, b.vad.window_samples, b.turn, b.turn_worker, self.turn_ids)
         events = asr_stage(speech, self.backends.asr, self.backends.asr_worker, self.config.asr, self.clock,
                            self._bot_talking)
         try:
@@ -200,6 +217,8 @@ class Session:
             self._release_reply()
             if self.preparing is not None:
                 self.preparing.cancel()
+            if self.dtmf_timer is not None:
+                self.dtmf_timer.cancel()
             await self._cancel_reply("interrupted", send=False)
             await self.conversation.aclose()
 
@@ -350,6 +369,44 @@ class Session:
         assert reply.played_samples is not None
         since = max(0.0, self.clock.now() - reply.played_at)
         return min(reply.ledger.sent_samples(), reply.played_samples + int(since * self.output_rate))
+
+    async def on_dtmf(self, digit: str) -> None:
+        """A key pressed on the caller's phone. Keys interrupt the bot like words; they are collected
+        until none comes for `session.dtmf_timeout_ms`, then answered as the caller's turn."""
+        cfg = self.config.session
+        if len(self.digits) >= cfg.max_dtmf_digits:
+            log.warning("more than %d keys in one turn; %r dropped", cfg.max_dtmf_digits, digit)
+            return
+        self.digits.append(digit)
+        self.last_digit_at = self.clock.now()
+        if self.dtmf_timer is not None:
+            self.dtmf_timer.cancel()
+        self.dtmf_timer = asyncio.create_task(self._digits_after(cfg.dtmf_timeout_ms / 1000))
+        if self._bot_talking() or self.pending_barge is not None:
+            await self._barge_in("a key press")
+
+    async def _digits_after(self, wait: float) -> None:
+        await self.clock.sleep(wait)
+        digits, self.digits = self.digits, []
+        self.dtmf_timer = None
+        if not digits:
+            return
+        # A turn like a spoken one: it ends (speech_end) when the keys are judged complete, and its
+        # "transcript" is ready at once; the caller's true end is the last key press.
+        turn = Turn(next(self.turn_ids))
+        self.last_started = max(self.last_started, turn.turn_id)
+        now = self.clock.now()
+        turn.mark("speech_end", now)
+        turn.mark("asr_final", now)
+        turn.ended_at = self.last_digit_at
+        self.turns[turn.turn_id] = turn
+        text = dtmf_text(digits)
+        log.info("turn %d: keys %s", turn.turn_id, " ".join(digits))
+        reply = self.reply
+        if reply is not None and reply.preemptive and not reply.confirmed.is_set():
+            await self._discard_preemptive(reply, "the caller pressed keys")  # nobody heard it
+        await self.outbound.send_event(TranscriptFinal(turn.turn_id, text, now))
+        await self._start_reply(turn, text)
 
     def _prepare(self, messages: tuple[ChatMessage, ...]) -> None:
         """Give the LLM a head start: prefill the conversation so far (and the caller's words while
@@ -532,7 +589,7 @@ class Session:
                     await self.clock.sleep(begins - lead - now)
                 if generation != self.generation:
                     return
-                await self.outbound.send_audio(float_to_pcm16(piece))
+                await self.outbound.send_audio(float_to_pcm16(piece), reply.turn.turn_id)
                 if playhead is None:
                     sent = self.clock.now()
                     reply.turn.mark("first_audio_sent", sent)

@@ -15,3 +15,24 @@ def test_deadline_misses_and_underruns_are_counted_per_turn() -> None:
     assert value("voice_agent_deadline_misses_total") == 1
     assert value("voice_agent_playback_underruns_total") == 3
     assert value("voice_agent_playback_underrun_seconds_total") == 0.75
+
+
+def test_calls_are_counted_by_transport() -> None:
+    from app.runtime import Runtime
+    from app.settings import Settings
+    from core.clock import MonotonicClock
+
+    runtime = Runtime(Settings(), MonotonicClock())
+    value = runtime.metrics.registry.get_sample_value
+    for transport in ("ws", "twilio", "telnyx"):  # every series is there from the start
+        assert value("voice_agent_active_sessions", {"transport": transport}) == 0
+        assert value("voice_agent_sessions_total", {"transport": transport}) == 0
+    runtime.open_session("a", "twilio")
+    runtime.open_session("b", "twilio")
+    runtime.open_session("c", "ws")
+    runtime.close_session("a")
+    runtime.close_session("a")  # twice: no harm
+    assert value("voice_agent_active_sessions", {"transport": "twilio"}) == 1
+    assert value("voice_agent_active_sessions", {"transport": "ws"}) == 1
+    assert value("voice_agent_active_sessions", {"transport": "telnyx"}) == 0
+    assert len(runtime.sessions) == 2

@@ -33,6 +33,7 @@ class FakeSocket:
         self.sent: list[Any] = []
         self.reading = reading
         self.closed_with: int | None = None
+        self.close_reason: str | None = None
         self.application_state = WebSocketState.CONNECTED
 
     async def receive(self) -> dict[str, Any]:
@@ -49,8 +50,9 @@ class FakeSocket:
     async def send_bytes(self, data: bytes) -> None:
         await self._send(data)
 
-    async def close(self, code: int = 1000) -> None:
+    async def close(self, code: int = 1000, reason: str | None = None) -> None:
         self.closed_with = code
+        self.close_reason = reason
         self.application_state = WebSocketState.DISCONNECTED
 
     def text(self, data: str) -> None:

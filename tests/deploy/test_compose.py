@@ -288,3 +288,18 @@ def test_grafana_allows_anonymous_viewers_and_mounts_provisioning(services: dict
     assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
     targets = {target for _, target in volume_mounts(grafana)}
     assert "/etc/grafana/provisioning" in targets
+
+
+def test_both_voice_services_take_the_phone_settings(raw: dict[str, Any], services: dict[str, dict[str, Any]],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.settings import Settings
+
+    names = ("VOICE_AGENT_TWILIO__AUTH_TOKEN", "VOICE_AGENT_TWILIO__PUBLIC_URL", "VOICE_AGENT_TELNYX__STREAM_TOKEN")
+    for service in ("voice-agent", "voice-agent-cpu"):
+        env = services[service]["environment"]
+        assert all(env[name] == "" for name in names), service  # empty unless the host sets them
+        assert all(raw["services"][service]["environment"][name].endswith(":-}") for name in names)
+        for name in names:  # what the container gets with nothing set: valid settings, phones refused
+            monkeypatch.setenv(name, env[name])
+        settings = Settings()
+        assert settings.twilio.public_url == "" and not settings.telnyx.stream_token.get_secret_value()

@@ -37,6 +37,7 @@ async def test_metrics_after_one_turn(tmp_path: Path) -> None:
             max(0.0, done["latency_ms"][stage]) / 1000, abs=1e-3)  # a preemptive reply's early marks count as 0
     assert metrics[("voice_agent_voice_to_voice_seconds_count", ())] == 1
     assert metrics[("voice_agent_turns_total", (("status", "completed"),))] == 1
-    assert metrics[("voice_agent_sessions_total", ())] == 1
-    assert metrics[("voice_agent_active_sessions", ())] == 1
+    assert metrics[("voice_agent_sessions_total", (("transport", "ws"),))] == 1
+    assert metrics[("voice_agent_active_sessions", (("transport", "ws"),))] == 1
+    assert metrics[("voice_agent_sessions_total", (("transport", "twilio"),))] == 0
     assert metrics[("voice_agent_llm_tokens_per_second_count", ())] == 1

@@ -104,14 +104,16 @@ class RecordingOutbound:
     def __init__(self) -> None:
         self.events: list[OutEvent] = []
         self.audio: list[bytes] = []
+        self.audio_turns: list[int] = []  # the turn of each audio chunk
         self.changed = asyncio.Event()
 
     async def send_event(self, event: OutEvent) -> None:
         self.events.append(event)
         self.changed.set()
 
-    async def send_audio(self, pcm16: bytes) -> None:
+    async def send_audio(self, pcm16: bytes, turn_id: int) -> None:
         self.audio.append(pcm16)
+        self.audio_turns.append(turn_id)
         self.changed.set()
 
     async def wait(self, predicate: object, timeout: float = 5.0) -> None:

@@ -200,9 +200,9 @@ class TimedOutbound(RecordingOutbound):
         super().__init__()
         self.audio_at: list[float] = []
 
-    async def send_audio(self, pcm16: bytes) -> None:
+    async def send_audio(self, pcm16: bytes, turn_id: int) -> None:
         self.audio_at.append(time.monotonic())
-        await super().send_audio(pcm16)
+        await super().send_audio(pcm16, turn_id)
 
 
 async def test_after_a_pause_between_phrases_audio_is_paced_not_burst() -> None:
@@ -426,10 +426,10 @@ class StampedOutbound(RecordingOutbound):
             self.stopped_at = time.monotonic()
         await super().send_event(event)  # type: ignore[arg-type]
 
-    async def send_audio(self, pcm16: bytes) -> None:
+    async def send_audio(self, pcm16: bytes, turn_id: int) -> None:
         if self.first_audio_at is None:
             self.first_audio_at = time.monotonic()
-        await super().send_audio(pcm16)
+        await super().send_audio(pcm16, turn_id)
 
 
 async def test_a_reply_starts_at_the_pause_and_its_audio_waits_for_the_end_of_the_turn() -> None:

@@ -1,0 +1,145 @@
+"""Twilio: the voice webhook that answers a call with TwiML, and the Media Streams socket
+(docs/phone.md). Both check X-Twilio-Signature with the official `twilio` package.
+
+    POST /twilio/voice   (the number's "A call comes in" webhook) -> <Connect><Stream url="wss://.../twilio/media">
+    GET  /twilio/media   (WebSocket) -> app/phone.py
+
+Signatures cover the URL Twilio called, which a proxy or a tunnel hides from the request, so it
+comes from `twilio.public_url`: the webhook's is public_url + path (+ query), over the sorted POST
+parameters; the socket's is public_url in its ws(s) form + path, over no parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from urllib.parse import parse_qsl
+
+from fastapi import APIRouter, Request, WebSocket
+from fastapi.responses import Response
+from starlette.datastructures import ImmutableMultiDict
+from twilio.request_validator import SIGNATURE_SETTINGS_HEADER, RequestValidator, get_signature_algorithm
+from twilio.twiml.voice_response import Connect, VoiceResponse
+
+from app.phone import deny, serve_call
+from app.phone_wire import TWILIO
+from app.runtime import Runtime
+from app.settings import Settings, TwilioConfig
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+
+VOICE_PATH = "/twilio/voice"
+MEDIA_PATH = "/twilio/media"
+SIGNATURE_HEADER = "X-Twilio-Signature"
+CALL_PARAMETERS = ("CallSid", "From", "To")  # webhook fields handed to the stream as <Parameter>s
+
+
+def stream_url(public_url: str) -> str:
+    """The media socket's URL: the public URL with its scheme turned into wss (ws for http)."""
+    base = public_url.rstrip("/")
+    if base.startswith("https://"):
+        base = "wss://" + base.removeprefix("https://")
+    elif base.startswith("http://"):
+        base = "ws://" + base.removeprefix("http://")
+    return base + MEDIA_PATH
+
+
+def twiml(url: str, parameters: Mapping[str, str]) -> str:
+    """<Response><Connect><Stream url=...><Parameter .../>...</Stream></Connect></Response>: the call's
+    audio goes both ways over the socket; call data rides as Parameters (Twilio refuses a query
+    string in the Stream URL). The twilio package escapes the XML."""
+    response = VoiceResponse()
+    connect = Connect()
+    stream = connect.stream(url=url)
+    for name, value in parameters.items():
+        stream.parameter(name=name, value=value)
+    response.append(connect)
+    return str(response)
+
+
+def signature_ok(config: TwilioConfig, url: str, params: Mapping[str, str], headers: Mapping[str, str]) -> bool:
+    """Whether X-Twilio-Signature is the HMAC of `url` and `params`. The hash is SHA-1 keyed by the
+    auth token, or what X-Twilio-Webhooks-Signature-Settings names (HMAC_SHA256 for a webhook rule,
+    keyed by the SharedKey it names: twilio.shared_keys)."""
+    signature = headers.get(SIGNATURE_HEADER.lower()) or headers.get(SIGNATURE_HEADER)
+    if not signature:
+        return False
+    settings_header = headers.get(SIGNATURE_SETTINGS_HEADER.lower()) or headers.get(SIGNATURE_SETTINGS_HEADER)
+    key_id = _key_id(settings_header)
+    secret = config.shared_keys.get(key_id, config.auth_token)
+    token = secret.get_secret_value()
+    if not token:
+        return False
+    valid: bool = RequestValidator(token).validate(url, params, signature, get_signature_algorithm(settings_header))
+    return valid
+
+
+def _key_id(settings_header: str | None) -> str:
+    for part in (settings_header or "").split(","):
+        name, _, value = part.partition("=")
+        if name.strip() == "key":
+            return value.strip()
+    return ""
+
+
+def configured(config: TwilioConfig) -> bool:
+    return bool(config.public_url and config.auth_token.get_secret_value())
+
+
+def log_setup(settings: Settings) -> None:
+    """At start-up: say whether Twilio calls can come in, and how to make them."""
+    config = settings.twilio
+    if not config.check_signatures:
+        log.warning("twilio.check_signatures is off: %s and %s take unsigned requests from anyone; for local "
+                    "testing only", VOICE_PATH, MEDIA_PATH)
+    elif not configured(config):
+        log.info("Twilio calls are refused (403) until twilio.auth_token and twilio.public_url are set "
+                 "(VOICE_AGENT_TWILIO__AUTH_TOKEN, VOICE_AGENT_TWILIO__PUBLIC_URL; see docs/phone.md)")
+    else:
+        log.info("Twilio: the number's voice webhook is %s%s; calls stream to %s", config.public_url.rstrip("/"),
+                 VOICE_PATH, stream_url(config.public_url))
+
+
+async def _form(request: Request, limit: int) -> ImmutableMultiDict[str, str] | None:
+    """The webhook's form fields (application/x-www-form-urlencoded), or None past `limit` bytes."""
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return ImmutableMultiDict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+
+
+@router.post(VOICE_PATH, include_in_schema=False)
+async def voice_webhook(request: Request) -> Response:
+    runtime: Runtime = request.app.state.runtime
+    config = runtime.settings.twilio
+    form = await _form(request, runtime.settings.phone.max_frame_bytes)
+    if form is None:
+        return Response(status_code=413)
+    public = config.public_url.rstrip("/")
+    if config.check_signatures:
+        url = public + VOICE_PATH + (f"?{request.url.query}" if request.url.query else "")
+        if not configured(config) or not signature_ok(config, url, form, request.headers):
+            runtime.metrics.error("bad_signature")
+            log.warning("%s: refused a request without a valid %s", VOICE_PATH, SIGNATURE_HEADER)
+            return Response(status_code=403)
+    # unchecked (local testing) and no public URL: the stream is on the host the request came to
+    url = stream_url(public or str(request.base_url))
+    parameters = {name: form[name] for name in CALL_PARAMETERS if name in form}
+    log.info("twilio %s: incoming call from %s; streaming to %s", form.get("CallSid", "?"), form.get("From", "?"), url)
+    return Response(twiml(url, parameters), media_type="text/xml")
+
+
+@router.websocket(MEDIA_PATH)
+async def media_socket(websocket: WebSocket) -> None:
+    runtime: Runtime = websocket.app.state.runtime
+    config = runtime.settings.twilio
+    if config.check_signatures and not (configured(config) and signature_ok(
+            config, stream_url(config.public_url), {}, websocket.headers)):
+        runtime.metrics.error("bad_signature")
+        log.warning("%s: refused a connection without a valid %s", MEDIA_PATH, SIGNATURE_HEADER)
+        await deny(websocket)
+        return
+    await serve_call(websocket, TWILIO)

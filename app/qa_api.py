@@ -1,0 +1,161 @@
+"""The call QA API (docs/qa.md): calls by filter and page, a call with its turns, its recording, an
+export, and the dashboard's overview over time. JSON shapes: app/store/shapes.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+
+from app.runtime import Runtime
+from app.store import CallFilter, CallStore, utc_now
+from app.store.export import MEDIA_TYPES
+from app.store.shapes import call_json, call_summary, iso
+
+router = APIRouter(prefix="/api", tags=["call QA"])
+MAX_LIMIT = 500
+MAX_BUCKETS = 2000
+_OFFSET_AS_SPACE = re.compile(r"(?<=\d) (\d{2}(?::?\d{2})?)$")
+OVERVIEW_TURNS = 100_000  # the overview reads at most this many turns of its window
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+    def response(self) -> JSONResponse:
+        return JSONResponse({"error": {"code": self.code, "message": self.message}}, status_code=self.status)
+
+
+def parse_time(value: str | None, name: str) -> dt.datetime | None:
+    """ISO-8601 (a time without an offset is UTC) or epoch seconds."""
+    if value is None or value == "":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        if math.isfinite(seconds):
+            return dt.datetime.fromtimestamp(seconds, dt.UTC)
+    try:
+        # a "+" left unescaped in a query string arrives as a space: 10:00:00 02:00 is 10:00:00+02:00
+        parsed = dt.datetime.fromisoformat(_OFFSET_AS_SPACE.sub(r"+\1", value.strip()).replace("Z", "+00:00"))
+    except ValueError:
+        raise ApiError(400, "bad_time", f"{name}: {value!r} is neither ISO-8601 nor epoch seconds") from None
+    return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
+
+
+def _store(request: Request) -> CallStore:
+    runtime: Runtime = request.app.state.runtime
+    if runtime.store is None:
+        why = runtime.store_error or ("storage.enabled is false" if not runtime.settings.storage.enabled
+                                      else "it is not open yet")
+        raise ApiError(503, "store_unavailable", f"the call store is off: {why}")
+    return runtime.store
+
+
+def _filters(since: str | None, until: str | None, transport: str | None, status: str | None,
+             min_v2v_ms: float | None) -> CallFilter:
+    return CallFilter(since=parse_time(since, "since"), until=parse_time(until, "until"),
+                      transport=transport or None, status=status or None, min_v2v_ms=min_v2v_ms)
+
+
+Since = Annotated[str | None, Query(description="calls started at or after this (ISO-8601 or epoch seconds)")]
+Until = Annotated[str | None, Query(description="calls started before this (ISO-8601 or epoch seconds)")]
+Transport = Annotated[str | None, Query(description="ws, twilio, telnyx, ...")]
+Status = Annotated[str | None, Query(description="completed, interrupted or failed")]
+MinV2v = Annotated[float | None, Query(ge=0, description="calls whose worst voice-to-voice ms is at least this")]
+
+
+@router.get("/calls")
+async def list_calls(request: Request, since: Since = None, until: Until = None, transport: Transport = None,
+                     status: Status = None, min_v2v_ms: MinV2v = None,
+                     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
+                     offset: Annotated[int, Query(ge=0)] = 0) -> JSONResponse:
+    try:
+        store = _store(request)
+        page = await store.list_calls(_filters(since, until, transport, status, min_v2v_ms), limit=limit,
+                                      offset=offset)
+    except ApiError as exc:
+        return exc.response()
+    return JSONResponse({"calls": [call_summary(c) for c in page.calls], "total": page.total,
+                         "next_offset": page.next_offset})
+
+
+@router.get("/calls/export", response_model=None)
+async def export_calls(request: Request, format: Literal["jsonl", "csv"] = "jsonl", since: Since = None,
+                       until: Until = None, transport: Transport = None, status: Status = None,
+                       min_v2v_ms: MinV2v = None) -> StreamingResponse | JSONResponse:
+    """Every matching call, streamed: jsonl (a call per line, as GET /api/calls/{id}) or csv (a row per turn)."""
+    try:
+        store = _store(request)
+        chunks = store.export(format, _filters(since, until, transport, status, min_v2v_ms))
+    except ApiError as exc:
+        return exc.response()
+    name = f"calls-{utc_now().strftime('%Y%m%dT%H%M%SZ')}.{format}"
+    return StreamingResponse(chunks, media_type=MEDIA_TYPES[format],
+                             headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
+
+@router.get("/calls/{call_id}")
+async def get_call(request: Request, call_id: str) -> JSONResponse:
+    try:
+        found = await _store(request).get_call(call_id)
+    except ApiError as exc:
+        return exc.response()
+    if found is None:
+        return ApiError(404, "call_not_found", f"no call with id {call_id!r}").response()
+    return JSONResponse(call_json(*found))
+
+
+@router.get("/calls/{call_id}/recording", response_model=None)
+async def get_recording(request: Request, call_id: str) -> FileResponse | JSONResponse:
+    try:
+        store = _store(request)
+        found = await store.get_call(call_id)
+    except ApiError as exc:
+        return exc.response()
+    if found is None:
+        return ApiError(404, "call_not_found", f"no call with id {call_id!r}").response()
+    path = store.recording_file(found[0])
+    if path is None:
+        return ApiError(404, "recording_not_found", f"call {call_id!r} has no recording").response()
+    # inline: an <audio> element plays it; FileResponse answers Range requests, so the player can seek
+    return FileResponse(path, media_type="audio/wav", filename=path.name, content_disposition_type="inline")
+
+
+@router.get("/overview")
+async def overview(request: Request, since: Annotated[str | None, Query()] = None,
+                   until: Annotated[str | None, Query()] = None,
+                   bucket_s: Annotated[float | None, Query(gt=0)] = None) -> JSONResponse:
+    """Per time bucket of the window (default: the last 24 hours, about 48 buckets): voice-to-voice
+    p50/p95/p99, each mark's p50, the acceptance rate and the number of turns."""
+    try:
+        store = _store(request)
+        end = parse_time(until, "until") or utc_now()
+        start = parse_time(since, "since") or end - dt.timedelta(hours=24)
+        if start >= end:
+            raise ApiError(400, "bad_window", "since must be before until")
+        span = (end - start).total_seconds()
+        step = bucket_s or _nice_bucket(span / 48)
+        if span / step > MAX_BUCKETS:
+            raise ApiError(400, "too_many_buckets", f"{math.ceil(span / step)} buckets; at most {MAX_BUCKETS}")
+        data: list[dict[str, Any]] = await store.overview(start, end, step, OVERVIEW_TURNS)
+    except ApiError as exc:
+        return exc.response()
+    return JSONResponse({"since": iso(start), "until": iso(end), "bucket_s": step,
+                         "buckets": data})
+
+
+def _nice_bucket(seconds: float) -> float:
+    """The first of 1 min, 5 min, 15 min, 30 min, 1 h, 3 h, 6 h, 1 day at least `seconds` long."""
+    for step in (60.0, 300.0, 900.0, 1800.0, 3600.0, 10800.0, 21600.0, 86400.0):
+        if step >= seconds:
+            return step
+    return 86400.0 * math.ceil(seconds / 86400.0)

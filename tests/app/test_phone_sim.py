@@ -1,0 +1,102 @@
+"""The phone simulator (tests/phone_sim.py) against the app served by uvicorn on a real socket, with
+fake engines (tests/pipeline/fakes.py): the signed call, real-time playback, marks echoed only once
+their audio played, `clear` dropping what was not played. The real models' version of these is
+tests/e2e/test_phone.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+import uvicorn
+from websockets.exceptions import InvalidStatus
+
+from app.main import create_app
+from app.settings import PhoneConfig, Settings, TwilioConfig
+from pipeline.config import AsrStageConfig, EndpointingConfig, SessionConfig
+from pipeline.session import Backends
+from tests.phone_sim import PhoneSim, call_records, dial
+from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad
+from tests.pipeline.test_session import STORY
+
+TOKEN = "sim-token"
+PUBLIC = "https://voice.example.test"
+LOUD = np.full(8000 * 3 // 5, 12000, dtype=np.int16)  # 0.6 s the fake VAD takes for speech
+
+
+@contextlib.asynccontextmanager
+async def served(llm: FakeLLM, finals: list[str]) -> AsyncIterator[str]:
+    settings = Settings(
+        twilio=TwilioConfig(auth_token=TOKEN, public_url=PUBLIC),
+        endpointing=EndpointingConfig(min_speech_ms=64, end_silence_ms=256, prefix_padding_ms=100),
+        asr_stage=AsrStageConfig(partials=False),
+        session=SessionConfig(output_chunk_ms=20, dtmf_timeout_ms=300),
+        phone=PhoneConfig(mark_interval_ms=200),
+    )
+    app = create_app(settings, backends=Backends(FakeVad(), FakeRecognizer(finals), FakeSynthesizer(), llm))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+async def test_a_signed_call_plays_the_reply_in_real_time_and_echoes_its_marks(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="app.phone")
+    async with served(FakeLLM(["One two three four five six seven eight."]), ["Count to eight."]) as host:
+        for refused_call in (PhoneSim(f"ws://{host}/twilio/media"),  # unsigned: HTTP 403, no socket
+                             PhoneSim(f"ws://{host}/telnyx/media", provider="telnyx", stream_token="guess")):
+            with pytest.raises(InvalidStatus) as refused:
+                await refused_call.connect()
+            assert refused.value.response.status_code == 403 and not refused.value.response.body
+        sim = await dial(f"http://{host}", f"ws://{host}", PUBLIC, TOKEN)
+        spoke_until = await sim.say(LOUD)
+        await sim.wait_until(lambda: sim.marks and sim.marks[-1].name == "t1:800", 10)
+        await sim.wait_until(sim.heard_everything, 5)
+        await sim.hangup()
+    first = sim.first_media_after(spoke_until)
+    assert first is not None and first > spoke_until
+    assert len(sim.played_audio()) == len(sim.received_audio()) == 8 * 800  # 0.8 s of reply, all played
+    assert [m.name for m in sim.marks] == ["t1:200", "t1:400", "t1:600", "t1:800"] and all(m.played for m in sim.marks)
+    # played in real time: the reply's 0.8 s took about 0.8 s to play, and each mark came back after
+    # its audio had played, not when it arrived
+    assert len(sim.playback_starts) == 1
+    assert 0.7 <= sim.marks[-1].at - sim.playback_starts[0] <= 1.0
+    arrived = {r.event["mark"]["name"]: r.at for r in sim.received if r.event["event"] == "mark"}
+    assert sim.marks[0].at - arrived["t1:200"] > 0.05
+    # the call's record, as the server logs it
+    assert call_records(caplog.text, sim.call_sid, "caller") == [{"turn_id": 1, "text": "Count to eight."}]
+    [done] = call_records(caplog.text, sim.call_sid)
+    assert done["status"] == "completed" and done["text"] == "One two three four five six seven eight."
+    assert done["latency_ms"]["first_audio_sent"] >= 0 and done["voice_to_voice_ms"] > 0
+
+
+async def test_a_barge_in_clears_the_line_and_the_unplayed_marks_come_back_unplayed() -> None:
+    llm = FakeLLM([STORY, "Okay."])
+    async with served(llm, ["Tell me a story.", "Stop."]) as host:
+        sim = await dial(f"http://{host}", f"ws://{host}", PUBLIC, TOKEN)
+        await sim.say(LOUD)
+        await sim.wait_until(lambda: len(sim.played_audio()) >= 8000, 10)  # a second of the story heard
+        await sim.say(LOUD)  # "Stop."
+        await sim.wait_until(lambda: bool(sim.clears), 5)
+        await sim.wait_until(lambda: len(llm.requests) == 2, 5)
+        await sim.hangup()
+    cleared = sim.clears[0]
+    played_ms = len(sim.played_audio(until=cleared)) / 8
+    unplayed = [m for m in sim.marks if not m.played]
+    assert all(m.at >= cleared for m in unplayed)
+    assert all(int(m.name.split(":")[1]) > played_ms - 20 for m in unplayed)
+    # the story kept in the history is what was played before the clear: 0.1 s a word, to within a word
+    kept = llm.requests[1][2].content
+    assert STORY.startswith(kept)
+    assert abs(len(kept.split()) - played_ms / 100) <= 1.5, (kept, played_ms)

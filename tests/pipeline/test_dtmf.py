@@ -1,0 +1,106 @@
+"""Keys pressed on the phone (DTMF) reach the conversation as a turn of their own."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+from pipeline.config import SessionConfig
+from pipeline.events import SpeechStarted, TranscriptFinal
+from pipeline.session import Session, dtmf_text
+from tests.pipeline.fakes import FakeLLM, RecordingOutbound
+from tests.pipeline.test_session import STORY, done_events, make_session, speak
+
+
+def keypad_session(llm: FakeLLM, finals: list[str], **settings: int) -> tuple[Session, RecordingOutbound]:
+    session, out = make_session(llm, finals)
+    session.config = replace(session.config, session=SessionConfig(
+        output_lead_ms=0, output_chunk_ms=20, dtmf_timeout_ms=300, **settings))
+    return session, out
+
+
+async def test_keys_become_the_callers_turn_once_no_key_comes_for_the_timeout() -> None:
+    llm = FakeLLM(["You entered four two."])
+    session, out = keypad_session(llm, [])
+    task = asyncio.create_task(session.run())
+    await session.on_dtmf("4")
+    await asyncio.sleep(0.2)
+    await session.on_dtmf("2")
+    await asyncio.sleep(0.2)
+    last_key = time.monotonic()
+    await session.on_dtmf("#")
+    await asyncio.sleep(0.2)
+    assert not llm.requests, "answered before the inter-digit timeout"
+    await out.wait(lambda: done_events(out))
+    done = done_events(out)[0]
+    asked = llm.requests[0][-1]
+    assert asked.role == "user" and asked.content == "The caller pressed 4 2 # on the phone keypad."
+    final = next(e for e in out.events if isinstance(e, TranscriptFinal))
+    assert final.turn_id == done.turn_id and final.text == asked.content
+    # the turn ends when the keys are judged complete; the caller's true end was the last key
+    assert done.latency_ms["speech_end"] == 0 and done.latency_ms["asr_final"] == 0
+    assert done.voice_to_voice_ms is not None and done.voice_to_voice_ms >= 300
+    assert done.voice_to_voice_ms <= (time.monotonic() - last_key) * 1000
+    assert [m.content for m in session.history[1:]] == [asked.content, "You entered four two."]
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_speech_turns_and_keypad_turns_are_numbered_from_one_counter() -> None:
+    llm = FakeLLM(["Hello.", "Got it.", "Bye."])
+    session, out = keypad_session(llm, ["Hi.", "Goodbye."])
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    await out.wait(lambda: len(done_events(out)) == 1)
+    await session.on_dtmf("7")
+    await out.wait(lambda: len(done_events(out)) == 2)
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    await out.wait(lambda: len(done_events(out)) == 3)
+    assert [d.turn_id for d in done_events(out)] == [1, 2, 3]
+    assert [e.turn_id for e in out.events if isinstance(e, SpeechStarted)] == [1, 3]
+    assert [r[-1].content for r in llm.requests] == ["Hi.", dtmf_text(["7"]), "Goodbye."]
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_a_key_while_the_bot_talks_interrupts_it() -> None:
+    llm = FakeLLM([STORY, "Transferring you now."])
+    session, out = keypad_session(llm, ["Tell me a story."])
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    await out.wait(lambda: sum(len(a) for a in out.audio) >= 2 * 8000 * 0.5)
+    pressed = time.monotonic()
+    await session.on_dtmf("0")
+    await out.wait(lambda: done_events(out))
+    first = done_events(out)[0]
+    assert first.status == "interrupted" and time.monotonic() - pressed < 0.2
+    sent = len(out.audio)
+    assert STORY.startswith(first.text) and len(first.text.split()) < len(STORY.split())
+    await out.wait(lambda: len(done_events(out)) == 2)
+    second = done_events(out)[1]
+    assert second.status == "completed" and second.turn_id > first.turn_id
+    assert all(turn == second.turn_id for turn in out.audio_turns[sent:])  # no more audio of the story
+    assert llm.requests[1][-2].content == first.text  # the history keeps what was sent of the story
+    assert llm.requests[1][-1].content == dtmf_text(["0"])
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_keys_beyond_the_limit_are_dropped() -> None:
+    llm = FakeLLM(["Too many digits."])
+    session, out = keypad_session(llm, [], max_dtmf_digits=3)
+    task = asyncio.create_task(session.run())
+    for digit in "123456":
+        await session.on_dtmf(digit)
+    await out.wait(lambda: done_events(out))
+    assert llm.requests[0][-1].content == dtmf_text(["1", "2", "3"])
+    await session.audio_in.put(None)
+    await task
+
+
+def test_dtmf_text_reads_as_a_sentence() -> None:
+    assert dtmf_text(["4", "2", "#"]) == "The caller pressed 4 2 # on the phone keypad."
