@@ -23,6 +23,13 @@ p50/p95, deadline misses (first audio later than session.first_audio_budget_ms a
 speech) and playback underruns (gaps in reply audio once it started), as the server counted them.
 
     .venv/bin/python bench/voice_latency.py --concurrency 1,2,4,8 --turns 3 --json out.json
+
+With --transport twilio, the caller phones in instead: the phone simulator (tests/phone_sim.py)
+places a Twilio call (the signed webhook, then the Media Stream), says the question at 8 kHz mu-law
+in real time and plays the reply back; the turn's marks come from the server's log of the call.
+`--transport both` puts every question to one server over both paths, taking turns at going first:
+
+    .venv/bin/python bench/voice_latency.py --transport both --repeat 2
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ from app.client import VoiceClient, read_wav
 from models import cpu
 from pipeline.audio import resample
 from pipeline.turns import MARKS
-from tests.e2e.conftest import start_server, stop_server
+from tests.e2e.conftest import Server, start_server, stop_server
+from tests.phone_sim import call_records, dial
 from tests.speech import espeak_wav
 
 QUESTIONS = [
@@ -124,13 +132,48 @@ async def one_call(url: str, question: str, tmp: Path, rate: int) -> dict:
     }
 
 
+PHONE_RATE = 8000
+PUBLIC_URL = "https://voice.example.test"  # the public URL Twilio would call; the simulator signs for it
+AUTH_TOKEN = "bench-twilio-auth-token"
+PHONE_ENV = {"VOICE_AGENT_TWILIO__AUTH_TOKEN": AUTH_TOKEN, "VOICE_AGENT_TWILIO__PUBLIC_URL": PUBLIC_URL}
+
+
+async def one_phone_call(server: Server, question: str, tmp: Path) -> dict:
+    """A question over the phone path: a signed Twilio call, 8 kHz mu-law both ways, in real time."""
+    samples = question_audio(question, tmp, PHONE_RATE)
+    lead = np.zeros(int(0.3 * PHONE_RATE), dtype=np.int16)
+    audio = np.concatenate([lead, samples])
+    after_end = len(audio) / PHONE_RATE - (len(lead) / PHONE_RATE + speech_end_s(samples, PHONE_RATE))
+    sim = await dial(server.base_url, server.base_url.replace("http://", "ws://"), PUBLIC_URL, AUTH_TOKEN)
+    try:
+        spoke_until = await sim.say(audio)  # when the last frame left; the speech ended `after_end` before
+        true_end = spoke_until - int(after_end * 1000) // FRAME_MS * FRAME_MS / 1000
+        deadline = time.monotonic() + 120
+        while not (done := call_records(server.log(), sim.call_sid)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no reply on the phone call {sim.call_sid}")
+            await asyncio.sleep(0.05)
+        first_audio = sim.first_media_after(0.0)  # the server says nothing before its reply
+    finally:
+        await sim.hangup()
+    reply, heard = done[0], call_records(server.log(), sim.call_sid, "caller")
+    return {
+        "ended_by": None, "preemptive": reply.get("preemptive", False), "discarded": reply.get("discarded", 0),
+        "question": question, "heard": heard[0]["text"] if heard else "", "reply": reply["text"],
+        "status": reply["status"], "marks": reply["latency_ms"], "server_v2v": reply.get("voice_to_voice_ms"),
+        "true_v2v": (first_audio - true_end) * 1000 if first_audio else None,
+        "tokens_per_second": reply.get("llm", {}).get("tokens_per_second"),
+    }
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def run(urls: dict[str, str], repeat: int, rate: int) -> dict[str, list[dict]]:
-    """Every question on every server (named), taking turns at going first."""
+async def run(urls: dict[str, str | Server], repeat: int, rate: int) -> dict[str, list[dict]]:
+    """Every question on every target (named: a /ws URL, or a server called by phone), taking turns
+    at going first."""
     results: dict[str, list[dict]] = {name: [] for name in urls}
     names = list(urls)
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,7 +181,9 @@ async def run(urls: dict[str, str], repeat: int, rate: int) -> dict[str, list[di
             for i, question in enumerate(QUESTIONS):
                 shift = (round_ * len(QUESTIONS) + i) % len(names)
                 for name in names[shift:] + names[:shift]:
-                    r = await one_call(urls[name], question, Path(tmp), rate)
+                    target = urls[name]
+                    r = (await one_call(target, question, Path(tmp), rate) if isinstance(target, str)
+                         else await one_phone_call(target, question, Path(tmp)))
                     results[name].append(r)
                     print(f"  {name:8s} {r['true_v2v'] or float('nan'):6.0f} ms  heard {r['heard']!r} -> "
                           f"{r['reply'][:60]!r}", flush=True)
@@ -319,6 +364,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3, help="concurrency mode: turns per call")
     parser.add_argument("--stagger", type=float, default=0.7, help="concurrency mode: seconds between callers' starts")
     parser.add_argument("--schedules", default="edf,fifo", help="concurrency mode: llm.schedule policies to compare")
+    parser.add_argument("--transport", choices=("ws", "twilio", "both"), default="ws",
+                        help="the caller's path: the native socket, a Twilio phone call, or both side by side")
     args = parser.parse_args()
     global VOICE
     VOICE = args.voice
@@ -329,20 +376,29 @@ def main() -> None:
     env: dict[str, str] = {}
     baseline = dict(s.split("=", 1) for s in args.baseline.split(",")) if args.baseline else {}
     if args.url:
+        if args.transport != "ws":
+            parser.error("--transport twilio needs a server started here (its auth token is the bench's)")
         results = asyncio.run(run({"server": args.url}, args.repeat, args.rate))
     else:
         with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
             env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **dict(s.split("=", 1) for s in args.set)}
+            if args.transport != "ws":
+                env.update(PHONE_ENV)
             print("server settings:", env, "baseline adds:", baseline)
-            urls = {}
+            urls: dict[str, str | Server] = {}
             for name, extra in (("defaults", {}), ("baseline", baseline)) if baseline else (("defaults", {}),):
                 server, proc = start_server(Path(tmp), env={**env, **extra})
                 stack.callback(stop_server, proc)
-                urls[name] = server.ws_url
+                suffix = f"-{name}" if baseline else ""
+                if args.transport in ("ws", "both"):
+                    urls["ws" + suffix if args.transport == "both" else name] = server.ws_url
+                if args.transport in ("twilio", "both"):
+                    urls["twilio" + suffix if args.transport == "both" else name] = server
             results = asyncio.run(run(urls, args.repeat, args.rate))
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "voice": VOICE, "settings": env,
-                                               "baseline": baseline, "turns": results}, indent=1))
+                                               "baseline": baseline, "transport": args.transport,
+                                               "turns": results}, indent=1))
         print(f"wrote {args.json}")
 
 
