@@ -31,6 +31,7 @@ from typing import Any
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketState
 
+from app.call_log import CallLog
 from app.metrics import Metrics
 from app.phone_wire import (
     FRAME_SAMPLES,
@@ -201,8 +202,10 @@ class PhoneCall(Connection):
         self.outbound.stream_id = start.stream_id
         self.outbound.label = f"{self.dialect.name} {start.call_id}"
         self.resampler = StreamResampler(SAMPLE_RATE, runtime.backends.vad.sample_rate)
+        caller = start.parameters.get("From") or start.parameters.get("from")
+        self.call_log = CallLog(runtime, self.session_id, self.dialect.name, caller=caller)
         self.session = Session(runtime.backends, runtime.pipeline_config(), runtime.clock, self.outbound,
-                               output_rate=SAMPLE_RATE, on_turn=runtime.on_turn)
+                               output_rate=SAMPLE_RATE, on_turn=self.on_turn, tap=self.call_log.recorder)
         runtime.metrics.sessions.labels(self.dialect.name).inc()
         self.task = asyncio.create_task(self.session.run())
         log.info("%s: call started (stream %s, %s)", self.label, start.stream_id, start.parameters)
@@ -222,8 +225,10 @@ class PhoneCall(Connection):
                 log.warning("%s: audio arrives faster than it is processed; frames are dropped", self.label)
             return
         samples = self.resampler(mulaw_to_float(media.payload))
+        now = self.runtime.clock.now()
+        self.record_caller(samples, now)
         self.session.audio_in_samples += len(samples)
-        await self.session.audio_in.put(AudioFrame(samples, self.runtime.clock.now()))
+        await self.session.audio_in.put(AudioFrame(samples, now))
 
     def handle_mark(self, name: str) -> None:
         played = parse_mark(name)
@@ -238,6 +243,7 @@ class PhoneCall(Connection):
         exc = self.task.exception() if not self.task.cancelled() else None
         log.error("%s: the session failed: %r", self.label, exc)
         self.reason = f"the session failed: {exc}"
+        self.end_reason, self.end_error = "error", repr(exc)
         await self.close(CLOSE_ERROR)
 
     async def close(self, code: int) -> None:

@@ -18,10 +18,12 @@ from typing import Any
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketState
 
+from app.call_log import CallLog
 from app.metrics import Metrics
 from app.runtime import Runtime
 from app.wire import OutputAudioPlayed, SessionEnd, SessionStart, error_json, event_json, parse_client_text
 from core.errors import ProtocolError
+from models.protocols import Audio
 from pipeline.audio import StreamResampler, pcm16_to_float
 from pipeline.events import AudioFrame, OutEvent, ResponseDone
 from pipeline.session import Session
@@ -88,6 +90,20 @@ class Connection:
         self.resampler: StreamResampler | None = None
         self.errors = 0
         self.backlog_warned_at = -1e9
+        self.call_log: CallLog | None = None  # the call's QA record, from its start
+        self.end_reason = "client_closed"  # why the call ended, for its record
+        self.end_error: str | None = None
+
+    async def on_turn(self, done: ResponseDone) -> None:
+        """A finished turn: the service's metrics, and the call's record."""
+        await self.runtime.on_turn(done)
+        if self.call_log is not None:
+            self.call_log.turn(done)
+
+    def record_caller(self, samples: Audio, at: float) -> None:
+        """The caller's audio as the pipeline gets it, for the call's recording."""
+        if self.call_log is not None and self.resampler is not None:
+            self.call_log.caller_audio(samples, self.resampler.out_rate, at)
 
     async def error(self, code: str, message: str) -> None:
         self.errors += 1
@@ -103,6 +119,7 @@ class Connection:
                 remaining = deadline - clock.now()
                 if remaining <= 0:
                     await self.error("session_expired", f"calls are limited to {self.settings.max_session_s:.0f} s")
+                    self.end_reason = "expired"
                     return await self.close(CLOSE_NORMAL)
                 # Whichever comes first: a message, a caller who stopped reading, or a session that
                 # failed (reported at once, not at the caller's next message).
@@ -114,6 +131,7 @@ class Connection:
                 await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
                 if gone.done():
                     log.info("%s: the caller stopped reading; call ended and its slot freed", self.session_id)
+                    self.end_reason = "caller_stopped_reading"
                     return await self.close(CLOSE_POLICY)
                 if self.task is not None and self.task.done():
                     return await self._session_crashed()
@@ -124,15 +142,19 @@ class Connection:
                     return
                 keep_going = await self.handle(message)
                 if not keep_going:
+                    self.end_reason = "hangup"
                     return
                 if self.errors >= self.settings.max_protocol_errors:
                     await self.error("too_many_errors", f"{self.errors} bad messages; closing the session")
+                    self.end_reason = "too_many_errors"
                     return await self.close(CLOSE_POLICY)
         finally:
             gone.cancel()
             if receive is not None:
                 receive.cancel()
             await self.stop_session()
+            if self.call_log is not None:
+                self.call_log.ended(self.end_reason, self.end_error)
 
     async def handle(self, message: MutableMapping[str, Any]) -> bool:
         data = message.get("bytes")
@@ -177,9 +199,12 @@ class Connection:
         asked = start.output_audio.sample_rate if start.output_audio else None
         output_rate = asked or runtime.backends.tts.sample_rate
         self.resampler = StreamResampler(start.audio.sample_rate, runtime.backends.vad.sample_rate)
+        client = self.websocket.client
+        self.call_log = CallLog(runtime, self.session_id, "ws", caller=client.host if client else None)
         self.session = Session(
             runtime.backends, runtime.pipeline_config(), runtime.clock, self.outbound,
-            output_rate=output_rate, system_prompt=instructions or None, on_turn=runtime.on_turn,
+            output_rate=output_rate, system_prompt=instructions or None, on_turn=self.on_turn,
+            tap=self.call_log.recorder,
         )
         runtime.metrics.sessions.labels("ws").inc()
         await self.outbound.send_json({
@@ -214,13 +239,16 @@ class Connection:
                                  "audio is arriving faster than it can be processed; frames are being dropped")
             return
         samples = self.resampler(pcm16_to_float(data))
+        now = self.runtime.clock.now()
+        self.record_caller(samples, now)
         self.session.audio_in_samples += len(samples)
-        await self.session.audio_in.put(AudioFrame(samples, self.runtime.clock.now()))
+        await self.session.audio_in.put(AudioFrame(samples, now))
 
     async def _session_crashed(self) -> None:
         assert self.task is not None
         exc = self.task.exception() if not self.task.cancelled() else None
         log.error("%s: session failed: %r", self.session_id, exc)
+        self.end_reason, self.end_error = "error", repr(exc)
         code = getattr(exc, "code", "internal_error")
         await self.outbound.send_json(error_json(code, f"the session failed: {exc}; please reconnect"))
         await self.close(CLOSE_ERROR)

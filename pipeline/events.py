@@ -152,6 +152,15 @@ class ResponseDone:
     preemptive: bool = False  # started at a pause, before the turn was known to be over, and used
     discarded: int = 0  # preemptive replies dropped during this turn because the caller went on
     discarded_words: int = 0  # the words those had generated: work thrown away
+    # For the call's record (app/call_log.py), not the wire: what the caller said (or the keys), what
+    # the LLM wrote and what went out as audio (`text` is what was heard), the reply's error, the keys
+    # pressed, and the clock time of speech_end.
+    user_text: str = ""
+    generated_text: str = ""
+    sent_text: str = ""
+    error: str | None = None
+    dtmf: str | None = None
+    speech_end_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from core.clock import Clock
 from core.errors import VoiceAgentError
 from core.worker import ModelWorker
 from models.protocols import (
+    Audio,
     ChatMessage,
     Conversation,
     GenerationStats,
@@ -95,6 +96,17 @@ class PipelineConfig:
     chunker: ChunkerConfig
     session: SessionConfig
     sampling: SamplingParams
+
+
+class AudioTap(Protocol):
+    """Where the reply audio is also written, placed at the time it plays for the caller (a call's
+    recording: app/store/recording.py). Called on the audio path: it must return at once."""
+
+    def bot(self, samples: Audio, rate: int, at: float) -> None: ...
+
+    def bot_stopped(self, at: float) -> None:
+        """The reply was cut off at `at`: audio placed after it was never heard."""
+        ...
 
 
 class Outbound(Protocol):
@@ -166,8 +178,10 @@ class Session:
         output_rate: int,
         system_prompt: str | None = None,
         on_turn: Callable[[ResponseDone], Awaitable[None] | None] | None = None,
+        tap: AudioTap | None = None,
     ) -> None:
         self.backends = backends
+        self.tap = tap
         self.config = config
         self.clock = clock
         self.outbound = outbound
@@ -399,6 +413,7 @@ class Session:
         turn.mark("speech_end", now)
         turn.mark("asr_final", now)
         turn.ended_at = self.last_digit_at
+        turn.dtmf = " ".join(digits)
         self.turns[turn.turn_id] = turn
         text = dtmf_text(digits)
         log.info("turn %d: keys %s", turn.turn_id, " ".join(digits))
@@ -590,6 +605,8 @@ class Session:
                 if generation != self.generation:
                     return
                 await self.outbound.send_audio(float_to_pcm16(piece), reply.turn.turn_id)
+                if self.tap is not None:
+                    self.tap.bot(piece, self.output_rate, begins)
                 if playhead is None:
                     sent = self.clock.now()
                     reply.turn.mark("first_audio_sent", sent)
@@ -639,6 +656,8 @@ class Session:
             reply.turn.turn_id, text, status, reply.turn.latency_ms(), reply.turn.voice_to_voice_ms(), reply.stats,
             reply.deadline_missed, reply.underruns, round(reply.underrun_s * 1000, 1),
             preemptive=reply.preemptive, discarded=self.discarded, discarded_words=self.discarded_words,
+            user_text=reply.user_text, generated_text=reply.ledger.full_text(), sent_text=reply.ledger.sent_text(),
+            error=reply.error, dtmf=reply.turn.dtmf, speech_end_at=reply.turn.marks.get("speech_end"),
         )
         self.discarded = self.discarded_words = 0
         log.info("turn %d %s: %s%s%s", done.turn_id, status, done.latency_ms,
@@ -661,6 +680,8 @@ class Session:
         await asyncio.gather(*reply.tasks, return_exceptions=True)
         # A cap set while the reply ran far ahead of playback must not outlive the reply.
         self.conversation.set_speculation_cap(None)
+        if self.tap is not None and reply.ledger.sent_samples():
+            self.tap.bot_stopped(self.clock.now())  # sent ahead of playback, then cut: never heard
         if send:
             await self._finish(reply, status)
         else:

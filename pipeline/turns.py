@@ -15,6 +15,7 @@ class Turn:
     turn_id: int
     marks: dict[str, float] = field(default_factory=dict)
     ended_at: float | None = None  # estimated clock time the caller's speech really ended
+    dtmf: str | None = None  # the keys pressed, when the turn is a keypad turn
 
     def mark(self, name: str, at: float) -> None:
         self.marks.setdefault(name, at)

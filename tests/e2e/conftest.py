@@ -100,3 +100,17 @@ async def ask_once(server: Server, question: str, tmp: Path, rate: int = 16000, 
     finally:
         trailing.cancel()
     return client
+
+
+async def kept_call(server: Server, call_id: str, turns: int, ended: bool = True, timeout: float = 20) -> dict:
+    """The API's record of a call, once it holds `turns` turns (and has ended, if asked)."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=5) as http:
+        while True:
+            response = await http.get(f"/api/calls/{call_id}")
+            if response.status_code == 200:
+                body: dict = response.json()
+                if len(body["turns"]) >= turns and (body["call"]["ended_at"] is not None or not ended):
+                    return body
+            assert time.monotonic() < deadline, f"call {call_id} not kept: {response.status_code} {response.text}"
+            await asyncio.sleep(0.2)

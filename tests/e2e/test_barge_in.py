@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.client import VoiceClient
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import Server, kept_call
 from tests.speech import speech_samples, words
 
 pytestmark = pytest.mark.slow
@@ -71,3 +71,10 @@ async def test_speaking_during_a_reply_interrupts_it(server: Server, tmp_path: P
     # ~1.5 s plus the output lead of audio went out: far less than the whole story
     assert len(kept) < 25, kept
     await client.close()
+
+    # the call's record keeps the same: interrupted, what was heard, and more generated than heard
+    record = (await kept_call(server, client.session["session_id"], 2))["turns"][0]
+    assert record["status"] == "interrupted" and record["barge_in"], record
+    assert record["heard_text"] == done["text"] and words(record["sent_text"])[: len(kept)] == kept
+    assert len(words(record["generated_text"])) >= len(kept)
+    assert record["latency_ms"] == done["latency_ms"]

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.client import VoiceClient
-from tests.e2e.conftest import Server, start_server, stop_server
+from tests.e2e.conftest import Server, kept_call, start_server, stop_server
 from tests.models.test_llm_openai import SSE_HEAD, Exchange, FakeLLMServer, delta, http_answer
 from tests.speech import speech_samples
 
@@ -95,6 +95,12 @@ async def test_llm_down_gives_an_apology_and_the_call_goes_on(outage: tuple[Serv
 
     assert len(client.events("error")) == 2
     await client.close()
+    # the call's record: both turns failed, with the error, what the caller said, nothing heard
+    kept = await kept_call(server, client.session["session_id"], 2)
+    assert kept["call"]["status"] == "failed" and kept["call"]["errors"] == 2, kept["call"]
+    for turn, final in zip(kept["turns"], client.events("transcript.final"), strict=True):
+        assert turn["status"] == "failed" and "llm_unavailable" in (turn["error"] or ""), turn
+        assert turn["user_text"] == final["text"] and turn["heard_text"] == "" and turn["generated_text"] == ""
     assert sample_value(server, "voice_agent_errors_total", {"code": "llm_unavailable"}) == 2
     assert sample_value(server, "voice_agent_turns_total", {"status": "failed"}) == 2
     assert server.log().count("LLM failed after no text") == 2
