@@ -199,7 +199,7 @@ class Connection:
         asked = start.output_audio.sample_rate if start.output_audio else None
         output_rate = asked or runtime.backends.tts.sample_rate
         self.resampler = StreamResampler(start.audio.sample_rate, runtime.backends.vad.sample_rate)
-        client = self.websocket.client
+        client = getattr(self.websocket, "client", None)  # the peer address, when the server knows it
         self.call_log = CallLog(runtime, self.session_id, "ws", caller=client.host if client else None)
         self.session = Session(
             runtime.backends, runtime.pipeline_config(), runtime.clock, self.outbound,
