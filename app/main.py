@@ -14,7 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from app import openai_api, phone_telnyx, phone_twilio, qa_api, ws_native
+from app import openai_api, phone_telnyx, phone_twilio, qa_api, qa_pages, ws_native
 from app.runtime import Runtime
 from app.settings import Settings
 from core.clock import Clock, MonotonicClock
@@ -46,6 +46,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.include_router(ws_native.router)
     app.include_router(openai_api.router)
     app.include_router(qa_api.router)
+    app.include_router(qa_pages.router)
     app.include_router(phone_twilio.router)
     app.include_router(phone_telnyx.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

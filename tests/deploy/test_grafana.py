@@ -127,3 +127,26 @@ def test_provisioning_points_at_the_compose_services(datasource: dict[str, Any],
     home = compose["services"]["grafana"]["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home == f"{path}/{DASHBOARD.name}"
     assert dashboard["uid"] and dashboard["title"]
+
+
+def test_dashboard_links_to_the_call_qa_pages(dashboard: dict[str, Any]) -> None:
+    """The dashboard (and the panels about calls and latency) open the QA list of the same time range
+    at ${qa_url}, a text variable; a voice-to-voice point opens the calls around it."""
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["qa_url"]["type"] == "textbox" and variables["qa_url"]["query"] == "http://localhost:8000"
+    page_params = {"since", "until", "transport", "status", "min_v2v_ms", "limit", "offset", "sort", "dir", "around"}
+
+    def check(url: str) -> dict[str, str]:
+        base, _, query = url.partition("?")
+        assert base == "${qa_url}/qa", url
+        params = dict(part.split("=", 1) for part in query.split("&"))
+        assert set(params) <= page_params, url  # what app/static/qa/list.js reads (docs/qa.md)
+        return params
+
+    [link] = [link for link in dashboard["links"] if "/qa" in link["url"]]
+    assert check(link["url"]) == {"since": "${__from:date:iso}", "until": "${__to:date:iso}"}
+    linked = {panel["title"] for panel in panels(dashboard) for link in panel.get("links", []) if check(link["url"])}
+    assert {"Calls started (1h)", "Voice-to-voice"} <= linked
+    v2v = next(panel for panel in panels(dashboard) if panel["title"] == "Voice-to-voice")
+    [data_link] = v2v["fieldConfig"]["defaults"]["links"]
+    assert check(data_link["url"])["around"] == "${__value.time}"

@@ -18,13 +18,12 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.chromium import console, start_chromium
 from tests.e2e.conftest import Server
 from tests.speech import espeak_wav
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
 QUESTION = "What is the capital of France?"
 SILENCE_S = 4  # after the question, in the file: more than the endpointing silence
 TIMEOUT_S = 90.0
@@ -61,24 +60,9 @@ def question_wav(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def browser(tmp_path: Path, question_wav: Path) -> Iterator[Any]:
-    if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
-        pytest.skip(f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER})")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in (
-        "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--disable-quic",
-        "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={question_wav}%noloop",
-        "--autoplay-policy=no-user-gesture-required",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    driver = start_chromium(
+        tmp_path / "chromium-profile", "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={question_wav}%noloop", "--autoplay-policy=no-user-gesture-required")
     try:
         yield driver
     finally:
@@ -93,11 +77,7 @@ def _done(snap: dict[str, Any]) -> bool:
 
 
 def _report(driver: Any, server: Server, snap: dict[str, Any] | None) -> str:
-    try:
-        console = "\n".join(str(entry) for entry in driver.get_log("browser")[-30:])
-    except Exception as exc:  # the log is a help for reading a failure, never the failure itself
-        console = f"(no browser log: {exc})"
-    return (f"page: {json.dumps(snap, indent=1)}\nbrowser console:\n{console}\n"
+    return (f"page: {json.dumps(snap, indent=1)}\nbrowser console:\n{console(driver)}\n"
             f"server log (tail):\n{server.log()[-3000:]}")
 
 
