@@ -9,10 +9,9 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from app import openai_api, phone_telnyx, phone_twilio, qa_api, qa_pages, ws_native
 from app.runtime import Runtime
@@ -56,8 +55,9 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
         return FileResponse(STATIC / "index.html")
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
-        return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(request: Request) -> Response:
+        body, content_type = runtime.metrics.render(request.headers.get("accept", ""))
+        return Response(body, media_type=content_type)
 
     @app.get("/healthz")
     async def healthz() -> JSONResponse:

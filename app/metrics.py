@@ -6,7 +6,8 @@ Latency histograms follow the turn marks; speculative-decoding counters are name
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from models.protocols import GenerationStats
 from pipeline.events import ResponseDone
@@ -72,7 +73,9 @@ class Metrics:
             "voice_agent_spec_decode_num_accepted_tokens_per_pos_total",
             "Accepted drafted tokens by position in the draft", ["position"], registry=r)
 
-    def observe_turn(self, done: ResponseDone) -> None:
+    def observe_turn(self, done: ResponseDone, call_id: str | None = None) -> None:
+        """Count a finished turn. With the call's id, its voice-to-voice sample carries it as an
+        exemplar, so a Grafana point links to the call's QA page (OpenMetrics scrapes only)."""
         self.turns.labels(done.status).inc()
         if done.status == "interrupted":
             self.interruptions.inc()
@@ -80,7 +83,8 @@ class Metrics:
             if stage in done.latency_ms:  # a preemptive reply's work before speech_end counts as ready at it
                 self.stage_latency.labels(stage).observe(max(0.0, done.latency_ms[stage]) / 1000)
         if done.voice_to_voice_ms is not None:
-            self.voice_to_voice.observe(done.voice_to_voice_ms / 1000)
+            exemplar = {"call_id": call_id} if call_id else None
+            self.voice_to_voice.observe(done.voice_to_voice_ms / 1000, exemplar=exemplar)
         if done.deadline_missed:
             self.deadline_misses.inc()
         if done.preemptive:
@@ -108,5 +112,9 @@ class Metrics:
     def error(self, code: str) -> None:
         self.errors.labels(code).inc()
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The exposition and its content type: OpenMetrics (with exemplars) when the scraper asks for
+        it, as Prometheus does, else the classic text format."""
+        if "application/openmetrics-text" in accept:
+            return openmetrics.generate_latest(self.registry), openmetrics.CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -52,8 +52,8 @@ class Runtime:
     def _count_active(self, transport: str) -> None:
         self.metrics.active_sessions.labels(transport).set(sum(t == transport for t in self.sessions.values()))
 
-    async def on_turn(self, done: ResponseDone) -> None:
-        self.metrics.observe_turn(done)
+    async def on_turn(self, done: ResponseDone, call_id: str | None = None) -> None:
+        self.metrics.observe_turn(done, call_id)
         if done.stats is not None:
             self.metrics.observe_generation(done.stats)
 

@@ -96,7 +96,7 @@ class Connection:
 
     async def on_turn(self, done: ResponseDone) -> None:
         """A finished turn: the service's metrics, and the call's record."""
-        await self.runtime.on_turn(done)
+        await self.runtime.on_turn(done, self.call_log.call.id if self.call_log is not None else None)
         if self.call_log is not None:
             self.call_log.turn(done)
 

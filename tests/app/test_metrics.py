@@ -36,3 +36,16 @@ def test_calls_are_counted_by_transport() -> None:
     assert value("voice_agent_active_sessions", {"transport": "ws"}) == 1
     assert value("voice_agent_active_sessions", {"transport": "telnyx"}) == 0
     assert len(runtime.sessions) == 2
+
+
+def test_voice_to_voice_samples_carry_their_call_for_openmetrics_scrapers() -> None:
+    metrics = Metrics()
+    metrics.observe_turn(ResponseDone(1, "a", "completed", {}, voice_to_voice_ms=640.0), "sess_0123abcd")
+    metrics.observe_turn(ResponseDone(2, "b", "completed", {}, voice_to_voice_ms=900.0))  # no call: no exemplar
+    body, content_type = metrics.render("application/openmetrics-text; version=1.0.0,text/plain;q=0.5")
+    assert content_type.startswith("application/openmetrics-text")
+    lines = [line for line in body.decode().splitlines() if 'call_id="sess_0123abcd"' in line]
+    assert len(lines) == 1 and lines[0].startswith("voice_agent_voice_to_voice_seconds_bucket"), lines
+    assert lines[0].rstrip().split(" # ")[1].startswith('{call_id="sess_0123abcd"} 0.64')
+    classic, classic_type = metrics.render()
+    assert classic_type.startswith("text/plain") and b"call_id" not in classic

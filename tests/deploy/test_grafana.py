@@ -150,3 +150,15 @@ def test_dashboard_links_to_the_call_qa_pages(dashboard: dict[str, Any]) -> None
     v2v = next(panel for panel in panels(dashboard) if panel["title"] == "Voice-to-voice")
     [data_link] = v2v["fieldConfig"]["defaults"]["links"]
     assert check(data_link["url"])["around"] == "${__value.time}"
+
+
+def test_a_voice_to_voice_point_links_to_its_call(dashboard: dict[str, Any], datasource: dict[str, Any]) -> None:
+    """Exemplars: the service labels each voice-to-voice sample with its call id, Prometheus keeps
+    them (exemplar-storage), the panel shows them and the data source turns call_id into a link."""
+    v2v = next(p for p in panels(dashboard) if p.get("title") == "Voice-to-voice")
+    assert any(t.get("exemplar") for t in v2v["targets"])
+    destinations = datasource["jsonData"]["exemplarTraceIdDestinations"]
+    assert [(d["name"], d["url"]) for d in destinations] == [("call_id", "${QA_URL}/qa/calls/$${__value.raw}")]
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    assert "--enable-feature=exemplar-storage" in compose["services"]["prometheus"]["command"]
+    assert "QA_URL" in compose["services"]["grafana"]["environment"]

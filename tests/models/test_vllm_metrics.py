@@ -238,7 +238,7 @@ async def test_runtime_starts_the_poller_for_the_openai_engine_only(metrics_serv
             await asyncio.sleep(0.02)
             if runtime.metrics.registry.get_sample_value("voice_agent_vllm_up") == 1.0:
                 break
-        text = runtime.metrics.render().decode()
+        text = runtime.metrics.render()[0].decode()
         assert "voice_agent_vllm_up 1.0" in text
         assert "voice_agent_vllm_spec_decode_acceptance_rate 0.625" in text
         assert "voice_agent_vllm_spec_decode_mean_acceptance_length 3.5" in text
