@@ -55,10 +55,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
+    from app.access import check_exposure
     from app.main import create_app
     from app.settings import Settings
+    from app.shutdown import serve
 
     if args.config:
         os.environ["VOICE_AGENT_CONFIG"] = args.config
@@ -71,10 +71,8 @@ def _serve(args: argparse.Namespace) -> None:
         settings.server.log_level = args.log_level
     logging.basicConfig(level=settings.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.server.host, port=settings.server.port,
-                log_level=settings.server.log_level,
-                ws_max_size=max(settings.server.max_frame_bytes, settings.server.max_text_bytes,
-                                settings.phone.max_frame_bytes) * 4)
+    check_exposure(settings.server)  # no keys: loopback only, unless allow_unauthenticated
+    serve(create_app(settings), settings)  # drains calls on SIGTERM (app/shutdown.py)
 
 
 def _list() -> None:

@@ -13,7 +13,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from app import openai_api, phone_telnyx, phone_twilio, qa_api, qa_pages, ws_native
+from app import access, openai_api, phone_telnyx, phone_twilio, qa_api, qa_pages, ws_native
+from app.guard import Guard
+from app.metrics_server import start_metrics_server
 from app.runtime import Runtime
 from app.settings import Settings
 from core.clock import Clock, MonotonicClock
@@ -34,14 +36,22 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
         phone_telnyx.log_setup(runtime.settings)
         runtime.start_vllm_metrics()
         await runtime.open_store()
+        server = runtime.settings.server
+        metrics_server = (await start_metrics_server(server.metrics_host, server.metrics_port, runtime.metrics.render)
+                          if server.metrics_port else None)
         try:
             yield
         finally:
             loading.cancel()
+            if metrics_server is not None:
+                metrics_server.close()
             await runtime.aclose()
 
     app = FastAPI(title="voice-agent", version="0.1.0", lifespan=lifespan)
     app.state.runtime = runtime
+    app.state.access = access.Access(runtime.settings.server, runtime.clock)
+    app.add_middleware(Guard, access=app.state.access, server=runtime.settings.server, clock=runtime.clock)
+    app.include_router(access.router)
     app.include_router(ws_native.router)
     app.include_router(openai_api.router)
     app.include_router(qa_api.router)
@@ -64,6 +74,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
         body = {"status": runtime.status, "sessions": len(runtime.sessions)}
         if runtime.load_error:
             body["error"] = runtime.load_error
-        return JSONResponse(body, status_code=200 if runtime.ready.is_set() else 503)
+        serving = runtime.ready.is_set() and not runtime.draining.is_set()  # draining: send no new calls here
+        return JSONResponse(body, status_code=200 if serving else 503)
 
     return app

@@ -135,11 +135,11 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
     runtime: Runtime = request.app.state.runtime
     try:
         body = ChatRequest.model_validate(await request.json())
-    except json.JSONDecodeError as exc:
-        return _error(400, f"the body is not JSON: {exc}", "invalid_request_error", "invalid_json")
     except ValidationError as exc:
         details = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return _error(400, details, "invalid_request_error", "invalid_request")
+    except ValueError as exc:  # not JSON (JSONDecodeError), or not UTF-8 (UnicodeDecodeError)
+        return _error(400, f"the body is not JSON: {exc}", "invalid_request_error", "invalid_json")
     if not runtime.ready.is_set() or runtime.backends is None:
         return _error(503, f"models are not loaded yet ({runtime.status})", "server_error", "not_ready")
     served = runtime.settings.llm.model
@@ -155,6 +155,9 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
                            "llm.speculative.method=draft_model at start-up", "invalid_request_error",
                       "speculation_unavailable")
 
+    if runtime.draining.is_set():
+        return _error(503, "the server is shutting down; try another replica or again shortly", "server_error",
+                      "shutting_down")
     limit = runtime.settings.server.max_api_requests
     if runtime.api_requests >= limit:
         response = _error(429, f"{limit} generations are in progress (server.max_api_requests); try again shortly",

@@ -152,6 +152,11 @@ class PhoneCall(Connection):
         self.errors += 1
         log.warning("%s: bad frame (%s): %s", self.label, code, message)
 
+    async def goodbye(self) -> None:
+        """The server is draining: the call is closed (1001) with the reason; a phone line takes no text."""
+        self.reason = "the server is shutting down"
+        log.info("%s: the server is shutting down; closing the call", self.label)
+
     async def handle(self, message: MutableMapping[str, Any]) -> bool:
         if message.get("bytes") is not None:
             await self.error("binary_frame", f"a binary frame of {len(message['bytes'])} bytes; {self.dialect.name} "
@@ -269,6 +274,10 @@ async def serve_call(websocket: WebSocket, dialect: Dialect) -> None:
     runtime: Runtime = websocket.app.state.runtime
     await websocket.accept()
     limit = runtime.settings.server.max_sessions
+    if runtime.draining.is_set():
+        log.warning("%s call refused: the server is shutting down", dialect.name)
+        await websocket.close(CLOSE_TRY_LATER, reason="shutting down")
+        return
     if not runtime.ready.is_set():
         detail = runtime.load_error or runtime.status
         log.warning("%s call refused: models are not loaded yet (%s)", dialect.name, detail)

@@ -35,6 +35,8 @@ class Runtime:
     api_requests: int = 0  # generations in progress through /v1
     metrics: Metrics = field(default_factory=Metrics)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    draining: asyncio.Event = field(default_factory=asyncio.Event)  # set on SIGTERM: no new calls (drain)
+    drain_deadline: float = 0.0  # the clock's time by which calls in progress must have said goodbye
     vllm_metrics: VllmMetricsPoller | None = None
     store: CallStore | None = None  # every call and turn, for QA (storage.enabled); see app/store/store.py
     store_error: str | None = None  # why the store is off, when it failed to open
@@ -120,6 +122,23 @@ class Runtime:
                 self.store = store
         if self.tracer is None:
             self.tracer = make_tracer(self.settings.otel)
+
+    async def drain(self, grace_s: float = 5.0) -> None:
+        """Stop taking calls and let those in progress finish: each call finishes the reply it is
+        giving (up to server.drain_timeout_s), says goodbye and closes itself (Connection.run); /v1
+        generations in progress finish too. Returns when none is left, or `grace_s` after the deadline."""
+        timeout = self.settings.server.drain_timeout_s
+        self.drain_deadline = self.clock.now() + timeout
+        self.status = "draining"
+        self.draining.set()
+        log.info("draining: %d calls and %d /v1 generations in progress; up to %g s (server.drain_timeout_s)",
+                 len(self.sessions), self.api_requests, timeout)
+        while self.sessions or self.api_requests:
+            if self.clock.now() > self.drain_deadline + grace_s:
+                log.warning("drain: %d calls still open past the deadline; they are cut", len(self.sessions))
+                return
+            await asyncio.sleep(0.05)
+        log.info("drained: no calls in progress")
 
     def _say(self, status: str) -> None:
         self.status = status

@@ -35,7 +35,48 @@ class ServerConfig(BaseModel):
     send_timeout_s: float = Field(10.0, gt=0, description="a caller that reads nothing this long is dropped")
     max_api_requests: int = Field(
         4, ge=1, description="concurrent generations through /v1/chat/completions; more get 429 with Retry-After")
+    drain_timeout_s: float = Field(
+        10.0, ge=0, description="on SIGTERM, how long calls in progress may go on finishing their replies before "
+        "the server says goodbye and exits (docs/reliability.md)")
+    # Access (docs/security.md)
+    api_keys: list[SecretStr] = Field(
+        default_factory=list, description="keys accepted as `Authorization: Bearer <key>` on /v1, /api, /qa, /ws and "
+        "/metrics (env: a JSON list); none (and no api_keys_file) leaves them open, on a loopback address only")
+    api_keys_file: str = Field("", description="a file of more keys, one a line; # starts a comment")
+    allow_unauthenticated: bool = Field(
+        False, description="true lets the server bind a non-loopback address without keys (a warning at start-up)")
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="browser origins (https://app.example.com) that may open /ws; the page's "
+        "own origin (Origin host = Host) and clients that send no Origin are always allowed")
+    trusted_proxies: list[str] = Field(
+        default_factory=list, description="addresses or networks (10.0.0.0/8) of proxies whose X-Forwarded-For "
+        "names the client; from anyone else the header is ignored")
+    login_ttl_s: float = Field(
+        3600.0, gt=0, description="how long the cookie from POST /api/login (the QA dashboard's key) lasts")
+    metrics_port: int = Field(
+        0, ge=0, le=65535, description="also serve /metrics without a key on this port (0: off), for a private "
+        "network; the main port's /metrics needs a key when keys are set")
+    metrics_host: str = Field("127.0.0.1", description="the address the metrics_port binds")
+    # Limits per client address (docs/security.md)
+    max_connections_per_minute: int = Field(
+        30, ge=1, description="new /ws connections per client a minute; more are closed with 1013")
+    max_calls_per_client: int = Field(
+        4, ge=1, description="/ws calls in progress per client; more are closed with 1013")
+    max_api_requests_per_minute: int = Field(
+        120, ge=1, description="/v1 requests (and /api/login attempts) per client a minute; more get 429")
+    max_body_bytes: int = Field(
+        1_048_576, ge=1024, description="largest HTTP request body; larger get 413")
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="an HTTP request body must arrive whole within this; slower senders get 408")
+    idle_timeout_s: float = Field(
+        60.0, gt=0, description="a /ws connection that sends nothing this long is closed (1001) as dead")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("api_keys", "allowed_origins", "trusted_proxies", mode="before")
+    @classmethod
+    def _empty_list(cls, value: Any) -> Any:
+        """An empty variable (compose's `${VOICE_AGENT_API_KEYS:-}`) is an empty list."""
+        return [] if isinstance(value, str) and not value.strip() else value
 
 
 class TwilioConfig(BaseModel):

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
 CLOSE_ERROR = 1011
 CLOSE_TRY_LATER = 1013
@@ -113,6 +114,8 @@ class Connection:
         clock = self.runtime.clock
         deadline = clock.now() + self.settings.max_session_s
         gone = asyncio.ensure_future(self.outbound.gone.wait())
+        draining = asyncio.ensure_future(self.runtime.draining.wait())
+        farewell: asyncio.Task[None] | None = None  # the goodbye once the server drains
         receive: asyncio.Future[Any] | None = None
         try:
             while True:
@@ -125,7 +128,7 @@ class Connection:
                 # failed (reported at once, not at the caller's next message).
                 if receive is None:
                     receive = asyncio.ensure_future(self.websocket.receive())
-                waiting: set[asyncio.Future[Any]] = {receive, gone}
+                waiting: set[asyncio.Future[Any]] = {receive, gone, farewell or draining}
                 if self.task is not None:
                     waiting.add(self.task)
                 await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
@@ -135,6 +138,11 @@ class Connection:
                     return await self.close(CLOSE_POLICY)
                 if self.task is not None and self.task.done():
                     return await self._session_crashed()
+                if farewell is None and draining.done():
+                    farewell = asyncio.create_task(self.finish_for_shutdown())
+                if farewell is not None and farewell.done():
+                    self.end_reason = "server_shutdown"
+                    return await self.close(CLOSE_GOING_AWAY)
                 if not receive.done():
                     continue
                 message, receive = receive.result(), None
@@ -150,11 +158,27 @@ class Connection:
                     return await self.close(CLOSE_POLICY)
         finally:
             gone.cancel()
+            draining.cancel()
+            if farewell is not None:
+                farewell.cancel()
             if receive is not None:
                 receive.cancel()
             await self.stop_session()
             if self.call_log is not None:
                 self.call_log.ended(self.end_reason, self.end_error)
+
+    async def finish_for_shutdown(self) -> None:
+        """The server is draining: let the reply in progress finish, until Runtime.drain_deadline,
+        then say goodbye. Messages (audio, playback reports) go on being handled meanwhile."""
+        clock = self.runtime.clock
+        while self.session is not None and self.session.reply is not None and clock.now() < self.runtime.drain_deadline:
+            await asyncio.sleep(0.05)
+        await self.goodbye()
+
+    async def goodbye(self) -> None:
+        log.info("%s: the server is shutting down; closing the call", self.session_id)
+        await self.outbound.send_json(error_json("server_shutting_down",
+                                                 "the server is shutting down; please call again"))
 
     async def handle(self, message: MutableMapping[str, Any]) -> bool:
         data = message.get("bytes")
@@ -278,6 +302,10 @@ class Connection:
 async def ws_endpoint(websocket: WebSocket) -> None:
     runtime: Runtime = websocket.app.state.runtime
     await websocket.accept()
+    if runtime.draining.is_set():
+        await websocket.send_text(json.dumps(error_json("shutting_down", "the server is shutting down; call again")))
+        await websocket.close(CLOSE_TRY_LATER, reason="shutting down")
+        return
     if not runtime.ready.is_set():
         detail = runtime.load_error or runtime.status
         await websocket.send_text(json.dumps(error_json("not_ready", f"models are not loaded yet ({detail})")))

@@ -233,7 +233,8 @@ class Session:
                 self.preparing.cancel()
             if self.dtmf_timer is not None:
                 self.dtmf_timer.cancel()
-            await self._cancel_reply("interrupted", send=False)
+            # the caller is gone: a reply they heard part of is still kept (on_turn), not sent
+            await self._cancel_reply("interrupted", send=False, keep=True)
             await self.conversation.aclose()
 
     async def _frames(self) -> AsyncIterator[AudioFrame]:
@@ -635,7 +636,7 @@ class Session:
         if generation == self.generation:
             await self._finish(reply, "failed" if reply.error else "completed")
 
-    async def _finish(self, reply: Reply, status: str) -> None:
+    async def _finish(self, reply: Reply, status: str, send: bool = True) -> None:
         if reply.finished:
             return
         reply.finished = True
@@ -663,13 +664,16 @@ class Session:
         log.info("turn %d %s: %s%s%s", done.turn_id, status, done.latency_ms,
                  " (first audio late)" if done.deadline_missed else "",
                  f" ({done.underruns} underruns, {done.underrun_ms:.0f} ms)" if done.underruns else "")
-        await self.outbound.send_event(done)
+        if send:
+            await self.outbound.send_event(done)
         if self.on_turn is not None:
             result = self.on_turn(done)
             if result is not None:
                 await result
 
-    async def _cancel_reply(self, status: str, send: bool = True) -> None:
+    async def _cancel_reply(self, status: str, send: bool = True, keep: bool = False) -> None:
+        """Stop the reply in progress. `send`: tell the caller (response.done); `keep`: without
+        telling, still hand the turn to on_turn (its record) when some of its audio was sent."""
         reply = self.reply
         if reply is None:
             return
@@ -682,7 +686,7 @@ class Session:
         self.conversation.set_speculation_cap(None)
         if self.tap is not None and reply.ledger.sent_samples():
             self.tap.bot_stopped(self.clock.now())  # sent ahead of playback, then cut: never heard
-        if send:
-            await self._finish(reply, status)
+        if send or (keep and reply.ledger.sent_samples()):
+            await self._finish(reply, status, send=send)
         else:
             reply.finished = True

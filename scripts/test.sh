@@ -8,5 +8,7 @@ echo "==> ruff"
 .venv/bin/ruff check .
 echo "==> mypy"
 .venv/bin/mypy
+echo "==> pip-audit"
+.venv/bin/python scripts/audit.py
 echo "==> pytest"
 exec .venv/bin/pytest -ra "$@"

@@ -226,14 +226,40 @@ function stopMic() {
 
 // -- start / stop ----------------------------------------------------------------------------------
 
+// A one-use token for /ws (browsers cannot put a key in a WebSocket's headers; docs/security.md).
+// When the server needs a key (401), the page asks for one and keeps it for this tab only.
+const KEY_ITEM = "voice-agent-key";
+
+async function sessionToken() {
+  for (;;) {
+    const key = sessionStorage.getItem(KEY_ITEM);
+    const reply = await fetch("/api/session-token", {
+      method: "POST", headers: key ? { authorization: `Bearer ${key}` } : {},
+    });
+    if (reply.ok) return (await reply.json()).token;
+    if (reply.status !== 401) throw new Error(`no session token: HTTP ${reply.status}`);
+    const entered = window.prompt(key ? "That API key was refused. API key:" : "This server needs an API key:");
+    if (!entered) throw new Error("this server needs an API key");
+    sessionStorage.setItem(KEY_ITEM, entered.trim());
+  }
+}
+
 async function start() {
   setState("connecting");
   sessionStarted = false;
   ctx = ctx || new AudioContext(); // created in the click, so it may play
   await ctx.resume();
 
+  let token;
+  try {
+    token = await sessionToken();
+  } catch (err) {
+    showError("unauthorized", err.message);
+    setState("closed");
+    return;
+  }
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
-  const sock = (ws = new WebSocket(`${scheme}//${location.host}/ws`));
+  const sock = (ws = new WebSocket(`${scheme}//${location.host}/ws?token=${encodeURIComponent(token)}`));
   sock.binaryType = "arraybuffer";
   sock.onopen = () => sock.send(JSON.stringify({
     type: "session.start", audio: { sample_rate: INPUT_RATE, encoding: "pcm16" },

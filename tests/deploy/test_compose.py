@@ -228,7 +228,7 @@ def test_cpu_profile_runs_the_embedded_engine_without_any_gpu(services: dict[str
     assert service["build"]["dockerfile"] == "docker/Dockerfile"
     assert service["environment"]["VOICE_AGENT_LLM__ENGINE"] == "embedded"
     assert service["ports"] == services["voice-agent"]["ports"]
-    # Prometheus scrapes voice-agent:8000 whichever profile runs
+    # Prometheus scrapes voice-agent:9100 whichever profile runs
     assert "voice-agent" in service["networks"]["default"]["aliases"]
     for name in active_in("cpu", services):
         assert not gpu_devices(services[name]), f"{name} would start in the cpu profile and needs a GPU"
@@ -303,3 +303,18 @@ def test_both_voice_services_take_the_phone_settings(raw: dict[str, Any], servic
             monkeypatch.setenv(name, env[name])
         settings = Settings()
         assert settings.twilio.public_url == "" and not settings.telnyx.stream_token.get_secret_value()
+
+
+def test_the_voice_services_are_safe_by_default(raw: dict[str, Any], services: dict[str, dict[str, Any]]) -> None:
+    """They bind 0.0.0.0 in their containers, so compose says how they are kept safe (docs/security.md):
+    keys or an explicit allow_unauthenticated, the port on the host's loopback, and Prometheus on the
+    unpublished metrics port."""
+    for name in ("voice-agent", "voice-agent-cpu"):
+        written = raw["services"][name]["environment"]
+        assert written["VOICE_AGENT_SERVER__API_KEYS"] == "${VOICE_AGENT_API_KEYS:-}"
+        assert written["VOICE_AGENT_SERVER__ALLOW_UNAUTHENTICATED"] == "${VOICE_AGENT_ALLOW_UNAUTHENTICATED:-true}"
+        service = services[name]
+        env = service["environment"]
+        assert service["ports"] == ["127.0.0.1:8000:8000"]
+        assert str(env["VOICE_AGENT_SERVER__METRICS_PORT"]) == "9100"
+        assert all("9100" not in port for port in service["ports"])

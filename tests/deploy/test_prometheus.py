@@ -78,7 +78,7 @@ def test_prometheus_scrapes_the_voice_service_and_vllm() -> None:
     assert config["global"]["evaluation_interval"]
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     voice = jobs["voice-agent"]
-    assert voice["static_configs"][0]["targets"] == ["voice-agent:8000"]
+    assert voice["static_configs"][0]["targets"] == ["voice-agent:9100"]  # server.metrics_port: no key there
     assert voice.get("metrics_path", "/metrics") == "/metrics"
     vllm = jobs["vllm"]
     assert vllm["dns_sd_configs"][0]["names"] == ["vllm"] and vllm["dns_sd_configs"][0]["port"] == 8000

@@ -1,0 +1,164 @@
+"""Load: N callers at once, each streaming real-time audio (20 ms PCM16 frames at 16 kHz) to a real
+server process over real sockets. The server runs fake instant engines (tests/app/fake_server.py,
+named as fakes: the VAD hears a tone, the ASR says "hello", the LLM answers at once, the TTS makes
+0.1 s of tone a word), so what is measured is the service's own overhead: sockets, resampling,
+endpointing, the session's stages, pacing, the call store.
+
+Per caller, one turn: 1 s of tone, then silence until the reply's first audio. Reported:
+- added latency: first reply audio minus the end of the tone minus endpointing.end_silence_ms (the
+  silence the server must wait for by design), p50/p99;
+- dropped frames: `audio_backlog` errors (the server's queue was over max_audio_backlog_ms);
+- failed calls: no reply within 20 s, or an error;
+- server CPU per call (% of one core, over the run), and how late the callers' own frames went out
+  (the load generator shares the 2 cores: when it lags, the figures are the machine's, not the server's).
+
+    .venv/bin/python bench/load.py --callers 50 100 200 --out docs/bench/load
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import websockets
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from models import cpu
+from pipeline.config import EndpointingConfig
+from tests.app.test_shutdown import start_fake_server
+
+FRAME_S = 0.02
+SPEECH_S = 1.0
+END_SILENCE_MS = EndpointingConfig().end_silence_ms
+START = json.dumps({"type": "session.start", "audio": {"sample_rate": 16000}})
+
+
+def frames() -> tuple[list[bytes], bytes]:
+    t = np.arange(int(SPEECH_S * 16000)) / 16000
+    tone = (0.5 * np.sin(2 * np.pi * 300 * t) * 32767).astype(np.int16)
+    speech = [tone[i:i + 320].tobytes() for i in range(0, len(tone), 320)]
+    return speech, np.zeros(320, dtype=np.int16).tobytes()
+
+
+async def caller(base: str, start_at: float) -> dict[str, Any]:
+    speech, silence = frames()
+    result: dict[str, Any] = {"ok": False, "backlog": 0, "lag_ms": [], "errors": []}
+    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+    try:
+        async with websockets.connect(f"ws://{base}/ws", open_timeout=30) as ws:
+            await ws.send(START)
+            first_audio = asyncio.get_running_loop().create_future()
+            done = asyncio.get_running_loop().create_future()
+
+            async def read() -> None:
+                async for message in ws:
+                    if isinstance(message, bytes):
+                        if not first_audio.done():
+                            first_audio.set_result(time.monotonic())
+                        continue
+                    event = json.loads(message)
+                    if event["type"] == "error":
+                        if event["code"] == "audio_backlog":
+                            result["backlog"] += 1
+                        else:
+                            result["errors"].append(event["code"])
+                    elif event["type"] == "response.done" and not done.done():
+                        done.set_result(event)
+
+            reader = asyncio.create_task(read())
+            t0 = time.monotonic()
+            speech_end = 0.0
+            for i in range(int(20 / FRAME_S)):  # real time: frame i is due at t0 + i * 20 ms
+                due = t0 + i * FRAME_S
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                result["lag_ms"].append(1000 * (time.monotonic() - due))
+                await ws.send(speech[i] if i < len(speech) else silence)
+                if i == len(speech) - 1:
+                    speech_end = time.monotonic()
+                if first_audio.done() and done.done():
+                    break
+            if first_audio.done():
+                result["added_ms"] = 1000 * (first_audio.result() - speech_end) - END_SILENCE_MS
+                result["ok"] = done.done() and done.result()["status"] == "completed"
+            await ws.send(json.dumps({"type": "session.end"}))
+            reader.cancel()
+    except (OSError, websockets.WebSocketException, TimeoutError) as exc:
+        result["errors"].append(type(exc).__name__)
+    return result
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return round(float(np.percentile(values, q)), 1)
+
+
+async def run(base: str, n: int, server: psutil.Process) -> dict[str, Any]:
+    cpu0 = server.cpu_times()
+    t0 = time.monotonic()
+    starts = [t0 + 2.0 * i / n for i in range(n)]  # spread over 2 s, as calls arrive
+    results = await asyncio.gather(*(caller(base, s) for s in starts))
+    wall = time.monotonic() - t0
+    cpu1 = server.cpu_times()
+    cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    added = [r["added_ms"] for r in results if "added_ms" in r]
+    lags = [lag for r in results for lag in r["lag_ms"]]
+    errors: dict[str, int] = {}
+    for r in results:
+        for code in r["errors"]:
+            errors[code] = errors.get(code, 0) + 1
+    return {
+        "callers": n, "completed": sum(r["ok"] for r in results), "failed": sum(not r["ok"] for r in results),
+        "added_ms_p50": pct(added, 50), "added_ms_p99": pct(added, 99),
+        "dropped_frames_warnings": sum(r["backlog"] for r in results), "errors": errors,
+        "server_cpu_s": round(cpu_s, 2), "wall_s": round(wall, 1),
+        "server_cpu_per_call_pct": round(100 * cpu_s / wall / n, 2),
+        "server_cpu_total_pct": round(100 * cpu_s / wall, 1),
+        "client_send_lag_ms_p50": pct(lags, 50), "client_send_lag_ms_p99": pct(lags, 99),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--callers", type=int, nargs="+", default=[50, 100, 200])
+    parser.add_argument("--out", help="write OUT.json and OUT.txt")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        base, proc, _ = start_fake_server(
+            Path(tmp), FAKE_TOKEN_DELAY_S="0", VOICE_AGENT_SERVER__MAX_SESSIONS="10000",
+            VOICE_AGENT_SERVER__MAX_CALLS_PER_CLIENT="10000", VOICE_AGENT_SERVER__MAX_CONNECTIONS_PER_MINUTE="1000000",
+            VOICE_AGENT_SERVER__LOG_LEVEL="warning")
+        try:
+            rows = [asyncio.run(run(base, n, psutil.Process(proc.pid))) for n in args.callers]
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    lines = [f"machine: {cpu.describe()}",
+             f"fake instant engines; endpointing.end_silence_ms={END_SILENCE_MS} subtracted; one process of "
+             "callers on the same cores", ""]
+    head = (f"{'callers':>7s} {'ok':>5s} {'failed':>6s} {'added p50':>9s} {'added p99':>9s} {'dropped':>7s} "
+            f"{'cpu/call %':>10s} {'cpu total %':>11s} {'client lag p99':>14s}  errors")
+    lines += [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['callers']:7d} {r['completed']:5d} {r['failed']:6d} {r['added_ms_p50']!s:>9s} "
+                     f"{r['added_ms_p99']!s:>9s} {r['dropped_frames_warnings']:7d} "
+                     f"{r['server_cpu_per_call_pct']:10.2f} {r['server_cpu_total_pct']:11.1f} "
+                     f"{r['client_send_lag_ms_p99']!s:>14s}  {r['errors'] or '-'}")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out + ".json").write_text(json.dumps({"machine": cpu.describe(), "rows": rows}, indent=2) + "\n")
+        Path(args.out + ".txt").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""Access (docs/security.md): keys on /v1, /api, /qa, /ws and /metrics; the one-use session token
+for browsers; the login cookie for the QA pages; origins; the loopback default. The app runs with
+fake engines (named as fakes); WebSocket cases go through a real server and a real client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from app import access as access_module
+from app.access import Access, Keys, Tokens, check_exposure, load_keys
+from app.cli import main as cli_main
+from app.settings import ServerConfig
+from core.clock import FakeClock
+from core.errors import ConfigError
+from tests.app.live import fake_app, live
+
+KEY = "k-0123456789abcdef-secret"
+OTHER = "k-second-key-of-two"
+START = json.dumps({"type": "session.start", "audio": {"sample_rate": 16000}})
+BEARER = {"authorization": f"Bearer {KEY}"}
+
+
+async def client_for(**server: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=fake_app(**server)), base_url="http://testserver")
+
+
+@pytest.fixture
+async def keyed() -> AsyncIterator[httpx.AsyncClient]:
+    async with await client_for(api_keys=[KEY, OTHER]) as client:
+        yield client
+
+
+GUARDED = [("GET", "/v1/models"), ("GET", "/api/calls"), ("GET", "/qa"), ("GET", "/qa/calls/abc"),
+           ("GET", "/metrics"), ("POST", "/api/session-token")]
+
+
+@pytest.mark.parametrize(("method", "path"), GUARDED)
+async def test_a_missing_or_wrong_key_gets_401_saying_what_to_send(
+        keyed: httpx.AsyncClient, method: str, path: str) -> None:
+    for headers in ({}, {"authorization": "Bearer nope"}, {"authorization": f"Basic {KEY}"}):
+        reply = await keyed.request(method, path, headers=headers)
+        assert reply.status_code == 401, (path, headers)
+        assert reply.headers["www-authenticate"].startswith("Bearer")
+        assert "Authorization: Bearer <key>" in reply.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("method", "path"), GUARDED)
+async def test_either_key_is_let_in(keyed: httpx.AsyncClient, method: str, path: str) -> None:
+    for key in (KEY, OTHER):
+        reply = await keyed.request(method, path, headers={"authorization": f"Bearer {key}"})
+        assert reply.status_code != 401, path  # /api/calls is 503 here: no call store
+
+
+async def test_healthz_and_the_page_stay_open(keyed: httpx.AsyncClient) -> None:
+    assert (await keyed.get("/healthz")).status_code in (200, 503)  # open; 503 until the lifespan ran
+    assert (await keyed.get("/")).status_code == 200
+    assert (await keyed.get("/api/auth")).json() == {"keys_required": True, "authorized": False}
+    assert (await keyed.get("/api/auth", headers=BEARER)).json() == {"keys_required": True, "authorized": True}
+
+
+async def test_without_keys_everything_is_open() -> None:
+    async with await client_for() as client:
+        assert (await client.get("/v1/models")).status_code == 200
+        assert (await client.get("/metrics")).status_code == 200
+        assert (await client.get("/api/auth")).json() == {"keys_required": False, "authorized": True}
+
+
+def test_keys_come_from_the_list_and_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("# the operators' keys\nfile-key-1\n\n  file-key-2  # the dashboard's\n")
+    server = ServerConfig(api_keys=["listed-key"], api_keys_file=str(path))
+    assert load_keys(server) == ["listed-key", "file-key-1", "file-key-2"]
+    with pytest.raises(ConfigError, match="api_keys_file"):
+        load_keys(ServerConfig(api_keys_file=str(tmp_path / "missing")))
+
+
+async def test_a_key_from_the_file_is_let_in(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("from-file\n")
+    async with await client_for(api_keys_file=str(path)) as client:
+        assert (await client.get("/v1/models")).status_code == 401
+        assert (await client.get("/v1/models", headers={"authorization": "Bearer from-file"})).status_code == 200
+
+
+def test_keys_are_compared_in_constant_time_against_every_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    compared: list[tuple[bytes, bytes]] = []
+    real = access_module.hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(access_module.hmac, "compare_digest", spy)
+    keys = Keys(["first", "second", "third"])
+    assert keys.check("first")
+    assert len(compared) == 3  # the match on the first key does not end the loop early
+    assert not keys.check("fourth") and len(compared) == 6
+
+
+async def test_a_key_is_never_logged(keyed: httpx.AsyncClient, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    await keyed.get("/v1/models", headers=BEARER)
+    await keyed.get("/v1/models", headers={"authorization": f"Bearer {KEY}x"})
+    await keyed.post("/api/login", json={"key": KEY})
+    check_exposure(ServerConfig(host="0.0.0.0", allow_unauthenticated=True))
+    check_exposure(ServerConfig(host="0.0.0.0", api_keys=[KEY]))
+    assert KEY not in caplog.text
+    assert KEY not in repr(ServerConfig(api_keys=[KEY]))
+
+
+def test_a_session_token_is_used_once_and_expires() -> None:
+    clock = FakeClock()
+    access = Access(ServerConfig(api_keys=[KEY]), clock)
+    tokens = access.session_tokens
+    token = tokens.issue()
+    assert tokens.take(token)
+    assert not tokens.take(token)  # once only
+    late = tokens.issue()
+    clock.advance(60.5)
+    assert not tokens.take(late)  # expired after 60 s
+    assert not tokens.take("never-issued")
+
+
+def test_tokens_are_bounded() -> None:
+    clock = FakeClock()
+    tokens = Tokens(60, clock, max_count=3)
+    issued = [tokens.issue() for _ in range(5)]
+    assert len(tokens) == 3
+    assert not tokens.valid(issued[0]) and tokens.valid(issued[-1])  # the oldest went first
+    clock.advance(61)
+    tokens.issue()
+    assert len(tokens) == 1  # expired ones are dropped as new ones come
+
+
+async def test_the_session_token_route_needs_a_key(keyed: httpx.AsyncClient) -> None:
+    assert (await keyed.post("/api/session-token")).status_code == 401
+    reply = await keyed.post("/api/session-token", headers=BEARER)
+    assert reply.status_code == 200
+    body = reply.json()
+    assert body["expires_in"] == 60 and len(body["token"]) >= 32
+
+
+async def test_login_sets_a_cookie_that_opens_qa_and_api_only(keyed: httpx.AsyncClient) -> None:
+    assert (await keyed.post("/api/login", json={"key": "wrong"})).status_code == 401
+    assert "voice_agent_login" not in keyed.cookies
+    reply = await keyed.post("/api/login", json={"key": KEY})
+    assert reply.status_code == 200
+    cookie = reply.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie and KEY.lower() not in cookie
+    assert (await keyed.get("/qa")).status_code == 200
+    assert (await keyed.get("/api/calls")).status_code == 503  # in: no call store here
+    assert (await keyed.post("/api/session-token")).status_code == 200
+    assert (await keyed.get("/v1/models")).status_code == 401  # /v1 and /metrics take a key only
+    assert (await keyed.get("/metrics")).status_code == 401
+    await keyed.post("/api/logout")
+    keyed.cookies.clear()
+    assert (await keyed.get("/api/calls")).status_code == 401
+
+
+async def test_the_qa_page_without_a_key_is_a_login_form(keyed: httpx.AsyncClient) -> None:
+    reply = await keyed.get("/qa", headers={"accept": "text/html,application/xhtml+xml"})
+    assert reply.status_code == 401
+    assert "/api/login" in reply.text and 'type="password"' in reply.text
+
+
+def test_the_server_binds_loopback_by_default_and_refuses_to_expose_itself_without_keys(
+        caplog: pytest.LogCaptureFixture) -> None:
+    assert ServerConfig().host == "127.0.0.1"
+    check_exposure(ServerConfig())
+    check_exposure(ServerConfig(host="::1"))
+    for host in ("0.0.0.0", "192.168.1.5", "::", "voice.example.com"):
+        with pytest.raises(ConfigError, match=r"without API keys.*server\.api_keys"):
+            check_exposure(ServerConfig(host=host))
+    check_exposure(ServerConfig(host="0.0.0.0", api_keys=[KEY]))
+    assert not caplog.records
+    caplog.set_level(logging.WARNING)
+    check_exposure(ServerConfig(host="0.0.0.0", allow_unauthenticated=True))
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "no API keys" in caplog.text
+
+
+def test_the_cli_refuses_0_0_0_0_without_keys(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("VOICE_AGENT_SERVER__API_KEYS", "VOICE_AGENT_SERVER__API_KEYS_FILE",
+                 "VOICE_AGENT_SERVER__ALLOW_UNAUTHENTICATED", "VOICE_AGENT_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["serve", "--host", "0.0.0.0"])
+    assert exit_info.value.code == 2
+    assert "refusing to serve 0.0.0.0 without API keys" in capsys.readouterr().err
+
+
+# -- /ws, through a real server and client ---------------------------------------------------------
+
+async def _close_of(ws: Any) -> tuple[int, str]:
+    with pytest.raises(ConnectionClosed) as closed:
+        await asyncio.wait_for(ws.recv(), 5)
+    assert closed.value.rcvd is not None
+    return closed.value.rcvd.code, closed.value.rcvd.reason
+
+
+async def _started(ws: Any) -> None:
+    await ws.send(START)
+    event = json.loads(await asyncio.wait_for(ws.recv(), 5))
+    assert event["type"] == "session.started"
+
+
+async def test_ws_needs_a_key_or_a_one_use_token() -> None:
+    with live(fake_app(api_keys=[KEY])) as address:
+        async with connect(f"ws://{address}/ws") as ws:
+            code, reason = await _close_of(ws)
+        assert code == 1008 and "Authorization: Bearer" in reason and "session-token" in reason
+        async with connect(f"ws://{address}/ws", additional_headers=BEARER) as ws:
+            await _started(ws)
+        async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+            token = (await http.post("/api/session-token", headers=BEARER)).json()["token"]
+        async with connect(f"ws://{address}/ws?token={token}") as ws:
+            await _started(ws)
+        async with connect(f"ws://{address}/ws?token={token}") as ws:  # used already
+            assert (await _close_of(ws))[0] == 1008
+
+
+async def test_ws_refuses_a_foreign_browser_origin_with_403() -> None:
+    with live(fake_app(allowed_origins=["https://app.example.com"])) as address:
+        with pytest.raises(InvalidStatus) as refused:
+            async with connect(f"ws://{address}/ws", origin=websockets.Origin("https://evil.example")):
+                pass
+        assert refused.value.response.status_code == 403
+        assert b"allowed_origins" in refused.value.response.body
+        for origin in (f"http://{address}", "https://app.example.com"):  # its own page, and a listed one
+            async with connect(f"ws://{address}/ws", origin=websockets.Origin(origin)) as ws:
+                await _started(ws)
+        async with connect(f"ws://{address}/ws") as ws:  # no Origin: not a browser
+            await _started(ws)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+async def test_metrics_port_serves_metrics_without_a_key() -> None:
+    port = _free_port()
+    with live(fake_app(api_keys=[KEY], metrics_port=port)) as address:
+        async with httpx.AsyncClient() as http:
+            assert (await http.get(f"http://{address}/metrics")).status_code == 401
+            reply = await http.get(f"http://127.0.0.1:{port}/metrics")
+            assert reply.status_code == 200 and "voice_agent" in reply.text
+            assert (await http.get(f"http://127.0.0.1:{port}/v1/models")).status_code == 404
+
+
+def test_keys_come_from_the_environment_as_a_json_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.settings import Settings
+
+    monkeypatch.setenv("VOICE_AGENT_SERVER__API_KEYS", json.dumps([KEY, OTHER]))
+    assert load_keys(Settings().server) == [KEY, OTHER]
+    monkeypatch.setenv("VOICE_AGENT_SERVER__API_KEYS", "")  # compose's ${VOICE_AGENT_API_KEYS:-}
+    assert load_keys(Settings().server) == []
+
+
+async def test_the_phone_routes_keep_their_own_checks_and_take_no_key(keyed: httpx.AsyncClient) -> None:
+    reply = await keyed.post("/twilio/voice", data={"CallSid": "CA1"})
+    assert reply.status_code == 403  # Twilio's signature check (no auth token here), not the key
+    assert "www-authenticate" not in reply.headers
