@@ -132,6 +132,10 @@ async def one_call(url: str, question: str, tmp: Path, rate: int) -> dict:
     }
 
 
+# Every simulated caller comes from 127.0.0.1: the per-client limits (server.max_calls_per_client,
+# server.max_connections_per_minute) are for real clients, not for this one address.
+ONE_ADDRESS = {"VOICE_AGENT_SERVER__MAX_CALLS_PER_CLIENT": "1000",
+               "VOICE_AGENT_SERVER__MAX_CONNECTIONS_PER_MINUTE": "100000"}
 PHONE_RATE = 8000
 PUBLIC_URL = "https://voice.example.test"  # the public URL Twilio would call; the simulator signs for it
 AUTH_TOKEN = "bench-twilio-auth-token"
@@ -326,7 +330,7 @@ def concurrency_main(args: argparse.Namespace) -> None:
             turns = asyncio.run(run_concurrent(args.url, n, args.turns, args.stagger, args.rate))
             runs.append({"n": n, "schedule": "server's", "summary": summarize(turns), "turns": turns})
     else:
-        env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7",
+        env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **ONE_ADDRESS,
                "VOICE_AGENT_SERVER__MAX_SESSIONS": str(max(8, *counts)), **dict(s.split("=", 1) for s in args.set)}
         print("server settings:", env)
         with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
@@ -381,7 +385,7 @@ def main() -> None:
         results = asyncio.run(run({"server": args.url}, args.repeat, args.rate))
     else:
         with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-            env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **dict(s.split("=", 1) for s in args.set)}
+            env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **ONE_ADDRESS, **dict(s.split("=", 1) for s in args.set)}
             if args.transport != "ws":
                 env.update(PHONE_ENV)
             print("server settings:", env, "baseline adds:", baseline)
