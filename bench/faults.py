@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import statistics
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.report import publish
 from models import cpu
 from tests.app.fault_scenarios import FAULTS, READ_TIMEOUT_S, run_fault
 
@@ -76,10 +76,7 @@ def main() -> None:
     header = (f"machine: {cpu.describe()}\nllm.read_timeout_s={READ_TIMEOUT_S}, llm.retries_before_first_token=1; "
               f"median of {args.runs} runs; times in seconds from the end of the caller's speech")
     text = header + "\n\n" + table(rows)
-    print(text)
-    if args.out:
-        Path(args.out + ".json").write_text(json.dumps({"machine": cpu.describe(), "rows": rows}, indent=2) + "\n")
-        Path(args.out + ".txt").write_text(text + "\n")
+    publish(text, rows, args.out)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import websockets
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.report import publish
 from models import cpu
 from pipeline.config import EndpointingConfig
 from tests.app.test_shutdown import start_fake_server
@@ -154,10 +155,7 @@ def main() -> None:
                      f"{r['server_cpu_per_call_pct']:10.2f} {r['server_cpu_total_pct']:11.1f} "
                      f"{r['client_send_lag_ms_p99']!s:>14s}  {r['errors'] or '-'}")
     text = "\n".join(lines)
-    print(text)
-    if args.out:
-        Path(args.out + ".json").write_text(json.dumps({"machine": cpu.describe(), "rows": rows}, indent=2) + "\n")
-        Path(args.out + ".txt").write_text(text + "\n")
+    publish(text, rows, args.out)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import websockets
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.report import publish
 from models import cpu
 from tests.app.test_shutdown import start_fake_server
 
@@ -100,10 +101,7 @@ def main() -> None:
         lines.append(f"{r['at']:18s} {r['calls_done']:6d} {r['rss_mb']:7.1f} {r['open_fds']:5d} "
                      f"{r['asyncio_tasks']:6d} {r['sessions']:8d}{extra}")
     text = "\n".join(lines)
-    print(text)
-    if args.out:
-        Path(args.out + ".json").write_text(json.dumps({"machine": cpu.describe(), "rows": rows}, indent=2) + "\n")
-        Path(args.out + ".txt").write_text(text + "\n")
+    publish(text, rows, args.out)
 
 
 if __name__ == "__main__":
