@@ -53,7 +53,7 @@ from app.wire import event_json
 from app.ws_native import CLOSE_ERROR, CLOSE_NORMAL, CLOSE_TRY_LATER, Connection, SocketOutbound
 from core.errors import ProtocolError
 from pipeline.audio import StreamResampler, mulaw_to_float, pcm16_to_mulaw
-from pipeline.events import AudioFrame, ErrorEvent, OutEvent, ResponseDone, SpeechStarted, TranscriptFinal
+from pipeline.events import ErrorEvent, OutEvent, ResponseDone, SpeechStarted, TranscriptFinal
 from pipeline.session import Session
 
 log = logging.getLogger(__name__)
@@ -221,19 +221,13 @@ class PhoneCall(Connection):
             return
         if media.track == "outbound" or not media.payload:  # Telnyx both_tracks also sends the bot's own audio
             return
-        vad_rate = self.resampler.out_rate
-        if 1000 * self.session.audio_in_samples / vad_rate > self.settings.max_audio_backlog_ms:
-            now = self.runtime.clock.now()
-            if now - self.backlog_warned_at > 1.0:  # the server is slow, not the provider wrong: not counted
-                self.backlog_warned_at = now
-                self.runtime.metrics.error("audio_backlog")
-                log.warning("%s: audio arrives faster than it is processed; frames are dropped", self.label)
-            return
-        samples = self.resampler(mulaw_to_float(media.payload))
-        now = self.runtime.clock.now()
-        self.record_caller(samples, now)
-        self.session.audio_in_samples += len(samples)
-        await self.session.audio_in.put(AudioFrame(samples, now))
+        await self.feed(mulaw_to_float(media.payload))
+
+    async def backlog_warning(self) -> None:
+        """The provider takes no error message, and the server is slow, not the provider wrong: logged
+        and counted in /metrics, not as a bad frame."""
+        self.runtime.metrics.error("audio_backlog")
+        log.warning("%s: audio arrives faster than it is processed; frames are dropped", self.label)
 
     def handle_mark(self, name: str) -> None:
         played = parse_mark(name)

@@ -101,10 +101,27 @@ class Connection:
         if self.call_log is not None:
             self.call_log.turn(done)
 
-    def record_caller(self, samples: Audio, at: float) -> None:
-        """The caller's audio as the pipeline gets it, for the call's recording."""
-        if self.call_log is not None and self.resampler is not None:
-            self.call_log.caller_audio(samples, self.resampler.out_rate, at)
+    async def feed(self, audio: Audio) -> None:
+        """The caller's audio, at the call's input rate, to the session: dropped while
+        `max_audio_backlog_ms` of it waits for the pipeline (counted in samples: frames may differ in
+        size), else resampled to the VAD's rate, recorded for the call and queued."""
+        assert self.session is not None and self.resampler is not None
+        if 1000 * self.session.audio_in_samples / self.resampler.out_rate > self.settings.max_audio_backlog_ms:
+            now = self.runtime.clock.now()
+            if now - self.backlog_warned_at > 1.0:
+                self.backlog_warned_at = now
+                await self.backlog_warning()
+            return
+        samples = self.resampler(audio)
+        now = self.runtime.clock.now()
+        if self.call_log is not None:
+            self.call_log.caller_audio(samples, self.resampler.out_rate, now)
+        self.session.audio_in_samples += len(samples)
+        await self.session.audio_in.put(AudioFrame(samples, now))
+
+    async def backlog_warning(self) -> None:
+        """Audio is being dropped (at most once a second): the caller is told."""
+        await self.error("audio_backlog", "audio is arriving faster than it can be processed; frames are being dropped")
 
     async def error(self, code: str, message: str) -> None:
         self.errors += 1
@@ -253,20 +270,7 @@ class Connection:
             return
         if not data:
             return
-        # What waits for the pipeline, counted in samples (frames may differ in size).
-        queued_ms = 1000 * self.session.audio_in_samples / self.runtime.backends.vad.sample_rate  # type: ignore[union-attr]
-        if queued_ms > self.settings.max_audio_backlog_ms:
-            now = self.runtime.clock.now()
-            if now - self.backlog_warned_at > 1.0:
-                self.backlog_warned_at = now
-                await self.error("audio_backlog",
-                                 "audio is arriving faster than it can be processed; frames are being dropped")
-            return
-        samples = self.resampler(pcm16_to_float(data))
-        now = self.runtime.clock.now()
-        self.record_caller(samples, now)
-        self.session.audio_in_samples += len(samples)
-        await self.session.audio_in.put(AudioFrame(samples, now))
+        await self.feed(pcm16_to_float(data))
 
     async def _session_crashed(self) -> None:
         assert self.task is not None
