@@ -583,49 +583,61 @@ class Session:
         no earlier than `output_lead_ms` before it starts, so "sent" never runs more than the lead
         (and a chunk) ahead of "heard", also after the pauses a slow LLM leaves between phrases."""
         cfg = self.config.session
+        rate = self.output_rate
         lead = cfg.output_lead_ms / 1000
-        chunk = max(1, self.output_rate * cfg.output_chunk_ms // 1000)
-        bound = int(cfg.max_playout_s * self.output_rate)
-        playhead: float | None = None
+        chunk = max(1, rate * cfg.output_chunk_ms // 1000)
+        bound = int(cfg.max_playout_s * rate)
+        # The playhead is `anchor + placed / rate`: the clock time a stretch of playback began and
+        # the samples placed in it since, counted exactly (no float sums that drift with the clock's
+        # magnitude). A new stretch begins when playback ran dry.
+        anchor: float | None = None
+        placed = 0
+        due: float | None = None  # the LLM's deadline for this reply's next tokens, never moved earlier
         relaxed = False
         tolerance = 0.02  # a later chunk than this, once the playhead ran out, is an underrun
         while (item := await reply.playout.get()) is not None:
             for start in range(0, len(item.samples), chunk):
                 piece = item.samples[start:start + chunk]
-                duration = len(piece) / self.output_rate
                 if not reply.confirmed.is_set():  # a preemptive reply waits for the end of the turn
                     await reply.confirmed.wait()
                 held = not self.reply_audio_open.is_set()
                 if held:  # the caller makes a sound: hold until it is known what (a pause, not an underrun)
                     await self.reply_audio_open.wait()
                 now = self.clock.now()
-                gap = 0.0 if playhead is None or held else now - playhead
-                begins = now if playhead is None else max(playhead, now)
+                first = anchor is None
+                gap = 0.0
+                if anchor is None or anchor + placed / rate < now:  # the first chunk, or playback ran dry
+                    if anchor is not None and not held:
+                        gap = now - (anchor + placed / rate)
+                    anchor, placed = now, 0
+                begins = anchor + placed / rate
                 if begins - lead > now:
                     await self.clock.sleep(begins - lead - now)
                 if generation != self.generation:
                     return
                 await self.outbound.send_audio(float_to_pcm16(piece), reply.turn.turn_id)
                 if self.tap is not None:
-                    self.tap.bot(piece, self.output_rate, begins)
-                if playhead is None:
+                    self.tap.bot(piece, rate, begins)
+                if first:
                     sent = self.clock.now()
                     reply.turn.mark("first_audio_sent", sent)
                     reply.deadline_missed = reply.first_audio_due is not None and sent > reply.first_audio_due
                 if gap > tolerance:  # the caller's playback ran dry before this chunk was ready
                     reply.underruns += 1
                     reply.underrun_s += gap
-                playhead = begins + duration
+                placed += len(piece)
                 reply.ledger.add_sent(item.phrase_index, len(piece))
                 reply.queued_samples -= len(piece)
                 if reply.queued_samples < bound:
                     reply.room.set()
                 # The token-rate budget: the audio made so far runs out at `dry`; the LLM's next
                 # tokens are due earlier by the time the next phrase takes to write and synthesize
-                # (other calls' first, if theirs are due sooner) ...
-                dry = playhead + reply.queued_samples / self.output_rate
-                if generation == self.generation:
-                    self.conversation.set_deadline(dry - cfg.refill_ms / 1000)
+                # (other calls' first, if theirs are due sooner). Audio only ever adds to what is
+                # left to play, so the deadline only moves later: kept so by max(), not by rounding.
+                dry = anchor + (placed + reply.queued_samples) / rate
+                if generation == self.generation and (due is None or dry - cfg.refill_ms / 1000 > due):
+                    due = dry - cfg.refill_ms / 1000
+                    self.conversation.set_deadline(due)
                 # ... and far ahead of playback, speculation buys nothing.
                 ahead = dry - self.clock.now()
                 if (ahead > cfg.speculation_relax_s) != relaxed:

@@ -8,8 +8,19 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 
 import numpy as np
 
+from core.clock import MonotonicClock
 from models.protocols import Audio, ChatMessage, GenerationDone, GenerationStats, LLMOutput, SamplingParams, TextDelta
 from pipeline.events import OutEvent
+
+
+class DistantClock(MonotonicClock):
+    """The real clock, read as a machine up for about 12 days would read it: at this magnitude a
+    float sum is off by ~1e-10 s, so code that is monotone only by luck of rounding shows it."""
+
+    OFFSET_S = 1_000_000.123456789
+
+    def now(self) -> float:
+        return super().now() + self.OFFSET_S
 
 
 class FakeVadStream:

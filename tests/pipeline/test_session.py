@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
-from core.clock import MonotonicClock
+from core.clock import Clock, FakeClock
 from models.protocols import Audio, ChatMessage, LLMOutput, SamplingParams, TextDelta
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
 from pipeline.events import (
@@ -24,6 +25,7 @@ from pipeline.events import (
 )
 from pipeline.session import Backends, PipelineConfig, Session
 from tests.pipeline.fakes import (
+    DistantClock,
     FakeConversation,
     FakeLLM,
     FakeRecognizer,
@@ -44,7 +46,7 @@ def make_session(llm: FakeLLM, finals: list[str]) -> tuple[Session, RecordingOut
         SamplingParams(),
     )
     out = RecordingOutbound()
-    return Session(backends, config, MonotonicClock(), out, output_rate=8000, system_prompt="Be kind."), out
+    return Session(backends, config, DistantClock(), out, output_rate=8000, system_prompt="Be kind."), out
 
 
 async def speak(session: Session, seconds: float, loud: bool) -> None:
@@ -351,8 +353,11 @@ async def speak_now(session: Session, seconds: float, loud: bool) -> None:
         await session.audio_in.put(AudioFrame(samples[i:i + 320], session.clock.now()))
 
 
-async def one_reply(llm: FakeLLM, **settings: float) -> tuple[ResponseDone, Session, RecordingOutbound]:
+async def one_reply(llm: FakeLLM, clock: Clock | None = None,
+                    **settings: float) -> tuple[ResponseDone, Session, RecordingOutbound]:
     session, out = make_session(llm, ["Hi."])
+    if clock is not None:
+        session.clock = clock
     with_session_config(session, **settings)
     task = asyncio.create_task(session.run())
     await speak_now(session, 0.5, True)
@@ -380,9 +385,12 @@ async def test_no_underrun_when_the_llm_keeps_up() -> None:
     assert done.underruns == 0 and done.underrun_ms == 0.0
 
 
-async def test_the_conversation_deadline_is_set_on_reply_start_and_cleared_after() -> None:
+@pytest.mark.parametrize("start", [936.235809291, 1_000_000.123456789, 0.1])
+async def test_the_conversation_deadline_is_set_on_reply_start_and_cleared_after(start: float) -> None:
+    """On a fake clock started at `start` (its magnitude decides how floats round: a clock at
+    936.235809291 once gave deadlines ...09291 then ...0909999), so the run is the same on every machine."""
     llm = FakeLLM(["Hello there my good friend. Here are six more words now."])
-    done, session, out = await one_reply(llm, output_lead_ms=200, first_audio_budget_ms=10_000)
+    done, session, out = await one_reply(llm, FakeClock(start), output_lead_ms=200, first_audio_budget_ms=10_000)
     stopped = next(e for e in out.events if isinstance(e, SpeechStopped))
     # the reply starts at the pause, preemptively: due nowhere until the turn is over; then its
     # first audio is due first_audio_budget_ms after the end of speech
