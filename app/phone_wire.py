@@ -13,9 +13,9 @@ import binascii
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.alias_generators import to_camel
 
 from core.errors import ProtocolError
@@ -94,6 +94,7 @@ class _MediaBody(_Lenient):
 
 
 class _MediaFrame(_Lenient):
+    event: Literal["media"]
     media: _MediaBody
 
 
@@ -102,6 +103,7 @@ class _DigitBody(_Lenient):
 
 
 class _DtmfFrame(_Lenient):
+    event: Literal["dtmf"]
     dtmf: _DigitBody
 
 
@@ -110,7 +112,22 @@ class _MarkBody(_Lenient):
 
 
 class _MarkFrame(_Lenient):
+    event: Literal["mark"]
     mark: _MarkBody
+
+
+class _ConnectedFrame(_Lenient):
+    event: Literal["connected"]
+
+
+class _StopFrame(_Lenient):
+    event: Literal["stop"]
+
+
+class _ErrorFrame(_Lenient):
+    """Telnyx only; what it says is passed on as JSON text, whatever its shape."""
+
+    event: Literal["error"]
 
 
 class _Format(_Lenient):
@@ -132,6 +149,7 @@ class _TwilioCall(_Lenient):
 
 
 class _TwilioStart(_Lenient):
+    event: Literal["start"]
     start: _TwilioCall
 
 
@@ -142,8 +160,17 @@ class _TelnyxCall(_Lenient):
 
 
 class _TelnyxStart(_Lenient):
+    event: Literal["start"]
     stream_id: str
     start: _TelnyxCall
+
+
+# Every frame a dialect takes, told apart by `event`; an event not listed is `union_tag_invalid`.
+_TwilioFrame = Annotated[_MediaFrame | _DtmfFrame | _MarkFrame | _ConnectedFrame | _StopFrame | _TwilioStart,
+                         Field(discriminator="event")]
+_TelnyxFrame = Annotated[_MediaFrame | _DtmfFrame | _MarkFrame | _ConnectedFrame | _StopFrame | _TelnyxStart
+                         | _ErrorFrame, Field(discriminator="event")]
+_FRAMES: dict[str, TypeAdapter[Any]] = {"twilio": TypeAdapter(_TwilioFrame), "telnyx": TypeAdapter(_TelnyxFrame)}
 
 
 # -- the dialects ----------------------------------------------------------------------------------
@@ -166,38 +193,38 @@ class Dialect:
             raise ProtocolError("invalid_message", 'a frame must be a JSON object with a string "event"')
         event = raw["event"]
         try:
-            if event == "media":
-                return _media(_MediaFrame.model_validate(raw).media, max_payload_bytes)
-            if event == "start":
-                return self._start(raw)
-            if event == "dtmf":
-                digit = _DtmfFrame.model_validate(raw).dtmf.digit
+            frame = _FRAMES[self.name].validate_python(raw)
+        except ValidationError as exc:
+            errors = exc.errors()
+            if any(e["type"] == "union_tag_invalid" for e in errors):
+                raise ProtocolError("unknown_event", f"unknown event {event[:40]!r}") from exc
+            # each error's loc starts with the event (the union's tag): the rest is the field's path
+            details = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in errors)
+            raise ProtocolError("invalid_message", f"{event}: {details}") from exc
+        match frame:
+            case _MediaFrame(media=media):
+                return _media(media, max_payload_bytes)
+            case _TwilioStart(start=call):
+                return self._start(CallStart(call.stream_sid, call.call_sid, _strings(call.custom_parameters)),
+                                   call.media_format)
+            case _TelnyxStart(stream_id=stream_id, start=call):
+                return self._start(CallStart(stream_id, call.call_control_id, _strings(call.custom_parameters)),
+                                   call.media_format)
+            case _DtmfFrame(dtmf=_DigitBody(digit=digit)):
                 if digit not in DTMF_DIGITS:
                     raise ProtocolError("invalid_dtmf", f"dtmf digit {digit[:8]!r} is not one of 0-9 * # A-D")
                 return Dtmf(digit)
-            if event == "mark":
-                return Mark(_MarkFrame.model_validate(raw).mark.name)
-            if event == "connected":
+            case _MarkFrame(mark=mark):
+                return Mark(mark.name)
+            case _ConnectedFrame():
                 return Connected()
-            if event == "stop":
+            case _StopFrame():
                 return Stop()
-            if event == "error" and self.name == "telnyx":
+            case _ErrorFrame():
                 return ProviderError(json.dumps(raw.get("payload", raw))[:500])
-        except ValidationError as exc:
-            details = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-            raise ProtocolError("invalid_message", f"{event}: {details}") from exc
-        raise ProtocolError("unknown_event", f"unknown event {event[:40]!r}")
+        raise AssertionError(f"no frame for {type(frame).__name__}")  # the union and the match list the same
 
-    def _start(self, raw: dict[str, Any]) -> CallStart:
-        if self.name == "twilio":
-            twilio = _TwilioStart.model_validate(raw).start
-            start = CallStart(twilio.stream_sid, twilio.call_sid, _strings(twilio.custom_parameters))
-            fmt: _Format = twilio.media_format
-        else:
-            telnyx = _TelnyxStart.model_validate(raw)
-            start = CallStart(telnyx.stream_id, telnyx.start.call_control_id,
-                              _strings(telnyx.start.custom_parameters))
-            fmt = telnyx.start.media_format
+    def _start(self, start: CallStart, fmt: _Format) -> CallStart:
         if fmt.encoding.lower() != self.encoding.lower() or fmt.sample_rate != SAMPLE_RATE or fmt.channels != 1:
             raise ProtocolError(
                 "unsupported_media_format",
