@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from pydantic import TypeAdapter, ValidationError
 
 from app.runtime import Runtime
 from app.store import CallFilter, CallStore, utc_now
@@ -20,6 +21,7 @@ router = APIRouter(prefix="/api", tags=["call QA"])
 MAX_LIMIT = 500
 MAX_BUCKETS = 2000
 _OFFSET_AS_SPACE = re.compile(r"(?<=\d) (\d{2}(?::?\d{2})?)$")
+_TIME = TypeAdapter(dt.datetime)
 OVERVIEW_TURNS = 100_000  # the overview reads at most this many turns of its window
 
 
@@ -33,22 +35,24 @@ class ApiError(Exception):
 
 
 def parse_time(value: str | None, name: str) -> dt.datetime | None:
-    """ISO-8601 (a time without an offset is UTC) or epoch seconds."""
+    """A time in a query, as pydantic reads a datetime: ISO-8601 (`2025-03-01`, `2025-03-01T12:03`,
+    `2025-03-01T12:03:07.5Z`, `...+02:00`; a time without an offset is UTC) or epoch seconds (`1740830587`,
+    `1740830587.25`). A number above 2e10 is read as epoch milliseconds (pydantic's rule: as seconds it
+    would be past the year 2603), so a JavaScript `Date.now()` works too. Anything else, or a time outside
+    the years 1-9999, is a 400 `bad_time`."""
     if value is None or value == "":
         return None
+    # a "+" left unescaped in a query string arrives as a space: 10:00:00 02:00 is 10:00:00+02:00
+    text = _OFFSET_AS_SPACE.sub(r"+\1", value.strip())
     try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        if math.isfinite(seconds):
-            return dt.datetime.fromtimestamp(seconds, dt.UTC)
-    try:
-        # a "+" left unescaped in a query string arrives as a space: 10:00:00 02:00 is 10:00:00+02:00
-        parsed = dt.datetime.fromisoformat(_OFFSET_AS_SPACE.sub(r"+\1", value.strip()).replace("Z", "+00:00"))
-    except ValueError:
-        raise ApiError(400, "bad_time", f"{name}: {value!r} is neither ISO-8601 nor epoch seconds") from None
-    return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
+        parsed = _TIME.validate_python(text)
+        return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].removeprefix("Input should be a valid datetime or date, ")
+        raise ApiError(400, "bad_time", f"{name}: {value[:60]!r} is not a time: give ISO-8601 "
+                                        f"(2025-03-01T12:03:07Z) or epoch seconds ({reason})") from None
+    except OverflowError:  # an offset that moves the time past year 1 or 9999 in UTC
+        raise ApiError(400, "bad_time", f"{name}: {value[:60]!r} is outside the years 1-9999 in UTC") from None
 
 
 def _store(request: Request) -> CallStore:
@@ -139,7 +143,7 @@ async def overview(request: Request, since: Annotated[str | None, Query()] = Non
     try:
         store = _store(request)
         end = parse_time(until, "until") or utc_now()
-        start = parse_time(since, "since") or end - dt.timedelta(hours=24)
+        start = parse_time(since, "since") or _day_before(end)
         if start >= end:
             raise ApiError(400, "bad_window", "since must be before until")
         span = (end - start).total_seconds()
@@ -151,6 +155,13 @@ async def overview(request: Request, since: Annotated[str | None, Query()] = Non
         return exc.response()
     return JSONResponse({"since": iso(start), "until": iso(end), "bucket_s": step,
                          "buckets": data})
+
+
+def _day_before(until: dt.datetime) -> dt.datetime:
+    try:
+        return until - dt.timedelta(hours=24)
+    except OverflowError:
+        raise ApiError(400, "bad_time", f"until: {iso(until)} has no 24 hours before it; give since") from None
 
 
 def _nice_bucket(seconds: float) -> float:

@@ -55,7 +55,7 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
     asyncio.run(_fill(tmp_path))
     settings = Settings(storage=storage(tmp_path, recordings=True))
     backends = Backends(FakeVad(), FakeRecognizer([]), FakeSynthesizer(), FakeLLM([]))
-    with TestClient(create_app(settings, backends=backends)) as test_client:
+    with TestClient(create_app(settings, backends=backends), base_url="http://127.0.0.1") as test_client:
         yield test_client
 
 
@@ -92,6 +92,29 @@ def test_calls_filters_and_pages(client: TestClient) -> None:
     assert client.get("/api/calls?limit=501").status_code == 422
     bad = client.get("/api/calls?since=yesterday")
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_time"
+
+
+def test_times_out_of_range_or_unreadable_are_bad_time_not_a_server_error(tmp_path: Path) -> None:
+    asyncio.run(_fill(tmp_path))
+    settings = Settings(storage=storage(tmp_path, recordings=True))
+    backends = Backends(FakeVad(), FakeRecognizer([]), FakeSynthesizer(), FakeLLM([]))
+    app = create_app(settings, backends=backends)
+    with TestClient(app, base_url="http://127.0.0.1", raise_server_exceptions=False) as client:
+        for value in ("1e20", "-1e20", "100000000000000000000", "-100000000000000000000", "9999999999999999",
+                      "nan", "inf", "2025-13-01", "9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00+01:00"):
+            for path, params in (("calls", {"since": value}), ("calls", {"until": value}),
+                                 ("overview", {"since": value}), ("calls/export", {"format": "csv", "until": value})):
+                response = client.get(f"/api/{path}", params=params)
+                assert response.status_code == 400, (path, params, response.status_code, response.text)
+                assert response.json()["error"]["code"] == "bad_time", (path, params)
+                assert repr(value) in response.json()["error"]["message"], (path, params)
+        # the overview's default window is the 24 hours before `until`, which year 1 does not have
+        response = client.get("/api/overview?until=0001-01-01T00:00:00Z")
+        assert response.status_code == 400 and response.json()["error"]["code"] == "bad_time"
+        # the ends of the range are times, and a number above 2e10 is epoch milliseconds
+        assert client.get("/api/calls?since=0001-01-01T00:00:00Z&until=9999-12-31T23:59:59Z").json()["total"] == 5
+        since_ms = int((T0 + dt.timedelta(minutes=3)).timestamp() * 1000)
+        assert [c["id"] for c in client.get(f"/api/calls?since={since_ms}").json()["calls"]] == ["c4", "c3"]
 
 
 def test_one_call_with_its_turns(client: TestClient) -> None:
@@ -161,7 +184,7 @@ def test_overview_buckets(client: TestClient) -> None:
 def test_with_the_store_off_the_api_says_so(tmp_path: Path) -> None:
     settings = Settings(storage=storage(tmp_path, enabled=False))
     backends = Backends(FakeVad(), FakeRecognizer([]), FakeSynthesizer(), FakeLLM([]))
-    with TestClient(create_app(settings, backends=backends)) as off:
+    with TestClient(create_app(settings, backends=backends), base_url="http://127.0.0.1") as off:
         response = off.get("/api/calls")
         assert response.status_code == 503
         assert "storage.enabled is false" in response.json()["error"]["message"]
