@@ -88,14 +88,18 @@ async def test_killing_the_server_keeps_every_finished_turn(qa_server: tuple[Ser
     await client.connect(instructions="You are a storyteller. Answer every question with a long story.")
     call_id = client.session["session_id"]
     await client.stream(speech_samples("What is the capital of Italy?", tmp_path))
-    background = asyncio.create_task(client.silence(60))
-    await client.wait_for(lambda e: e["type"] == "response.done", 90)
+    # silence while the story plays (as a phone line sends it), stopped while the next question
+    # goes out, then again after it: two streams at once would interleave their frames
+    background = asyncio.create_task(client.silence(600))
+    await client.wait_for(lambda e: e["type"] == "response.done", 180)
+    background.cancel()
     mark = len(client.received)
     await client.stream(speech_samples("Tell me about the moon.", tmp_path))
+    trailing = asyncio.create_task(client.silence(600))
     await client.wait_for(lambda e: e["type"] == "response.text.delta", 60, after=mark)  # mid-reply
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(10)
-    background.cancel()
+    trailing.cancel()
     with contextlib.suppress(Exception):  # the server is gone
         await client.close(end=False)
 
