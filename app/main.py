@@ -37,14 +37,14 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
         runtime.start_vllm_metrics()
         await runtime.open_store()
         server = runtime.settings.server
-        metrics_server = (await start_metrics_server(server.metrics_host, server.metrics_port, runtime.metrics.render)
+        metrics_server = (start_metrics_server(server.metrics_host, server.metrics_port, runtime.metrics.registry)
                           if server.metrics_port else None)
         try:
             yield
         finally:
             loading.cancel()
             if metrics_server is not None:
-                metrics_server.close()
+                await asyncio.to_thread(metrics_server.close)
             await runtime.aclose()
 
     app = FastAPI(title="voice-agent", version="0.1.0", lifespan=lifespan)

@@ -6,8 +6,8 @@ Latency histograms follow the turn marks; speculative-decoding counters are name
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder
 
 from models.protocols import GenerationStats
 from pipeline.events import ResponseDone
@@ -113,8 +113,8 @@ class Metrics:
         self.errors.labels(code).inc()
 
     def render(self, accept: str = "") -> tuple[bytes, str]:
-        """The exposition and its content type: OpenMetrics (with exemplars) when the scraper asks for
-        it, as Prometheus does, else the classic text format."""
-        if "application/openmetrics-text" in accept:
-            return openmetrics.generate_latest(self.registry), openmetrics.CONTENT_TYPE_LATEST
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        """The exposition and its content type, in the format prometheus_client chooses for the
+        scraper's Accept header: OpenMetrics (with exemplars) when it asks for it, as Prometheus does,
+        else the classic text format."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type

@@ -1,49 +1,46 @@
-"""/metrics without a key on server.metrics_port (docs/security.md): a tiny HTTP/1.0 server for a
-private network (Prometheus in the same compose project), apart from the public port."""
+"""/metrics without a key on server.metrics_port (docs/security.md): prometheus_client's own HTTP
+server, for a private network (Prometheus in the same compose project), apart from the public port.
+
+It runs in a daemon thread of its own and reads the registry there (prometheus_client's metrics are
+thread-safe). It answers GET on any path with the exposition, in the format the scraper's Accept
+header asks for (OpenMetrics for Prometheus), gzipped when the scraper takes gzip; other methods get
+405. Nothing else is served on this port.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import Callable
+import threading
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, start_http_server
 
 log = logging.getLogger(__name__)
-READ_TIMEOUT_S = 5.0
-MAX_REQUEST_BYTES = 8192
+JOIN_TIMEOUT_S = 5.0
 
 
-async def start_metrics_server(host: str, port: int, render: Callable[[str], tuple[bytes, str]]) -> asyncio.Server:
-    """`render(accept)` gives the exposition and its content type (app/metrics.py)."""
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            async with asyncio.timeout(READ_TIMEOUT_S):
-                head = await reader.readuntil(b"\r\n\r\n")
-            method, path = [*head.split(b"\r\n", 1)[0].split(b" "), b"", b""][:2]
-            if method in (b"GET", b"HEAD") and path.split(b"?")[0] == b"/metrics":
-                body, media_type = render(_accept(head))
-                status, content_type = b"200 OK", media_type.encode()
-            else:
-                body, status, content_type = b"only GET /metrics here\n", b"404 Not Found", b"text/plain"
-            writer.write(b"HTTP/1.0 " + status + b"\r\nContent-Type: " + content_type + b"\r\nContent-Length: "
-                         + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n"
-                         + (body if method != b"HEAD" else b""))
-            await writer.drain()
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+@dataclass(frozen=True)
+class MetricsServer:
+    """The running server; `close()` stops it (blocking up to half a second, its poll interval)."""
 
-    server = await asyncio.start_server(answer, host, port, limit=MAX_REQUEST_BYTES)
-    log.info("serving /metrics without a key on %s:%d (server.metrics_port)", host, port)
-    return server
+    server: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (the one chosen by the system when started with port 0)."""
+        return int(self.server.server_port)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(JOIN_TIMEOUT_S)
 
 
-def _accept(head: bytes) -> str:
-    for line in head.decode("latin-1").split("\r\n")[1:]:
-        name, _, value = line.partition(":")
-        if name.strip().lower() == "accept":
-            return value.strip()
-    return ""
+def start_metrics_server(host: str, port: int, registry: CollectorRegistry) -> MetricsServer:
+    """Serve `registry` on host:port (port 0: any free port) until `close()`."""
+    server, thread = start_http_server(port, addr=host, registry=registry)
+    started = MetricsServer(server, thread)
+    log.info("serving /metrics without a key on %s:%d (server.metrics_port)", host, started.port)
+    return started
