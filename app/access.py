@@ -8,6 +8,7 @@ guard in app/guard.py like the rest of /api)."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import logging
@@ -19,8 +20,9 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
+from starlette.types import Scope
 
-from app.limits import parse_networks
+from app.limits import RateLimiter, address_key
 from app.settings import ServerConfig
 from core.clock import Clock
 from core.errors import ConfigError
@@ -31,6 +33,7 @@ router = APIRouter(prefix="/api", tags=["access"])
 SESSION_TOKEN_TTL_S = 60
 MAX_TOKENS = 10_000  # outstanding session tokens (and, apart, logins); the oldest go first
 LOGIN_COOKIE = "voice_agent_login"
+CLIENT_KEY = "voice_agent.client"  # the scope key under which the guard leaves whom it counted the request as
 
 
 def load_keys(server: ServerConfig) -> list[str]:
@@ -46,65 +49,125 @@ def load_keys(server: ServerConfig) -> list[str]:
     return [key for key in keys if key]
 
 
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "replace")).digest()
+
+
 class Keys:
+    """The API keys, kept as SHA-256 digests: a candidate's digest is compared with every key's,
+    in constant time and at one length, so timing tells neither a key nor its length."""
+
     def __init__(self, keys: list[str]) -> None:
-        self._keys = [key.encode() for key in keys]
+        self._digests = [_digest(key) for key in keys]
 
     @property
     def required(self) -> bool:
-        return bool(self._keys)
+        return bool(self._digests)
+
+    def identify(self, candidate: str) -> str | None:
+        """The client a valid key stands for ("key:" and a short hash of it, never the key), or None."""
+        given = _digest(candidate)
+        found: bytes | None = None
+        for digest in self._digests:  # every key is compared: a match does not end the loop early
+            if hmac.compare_digest(digest, given):
+                found = digest
+        return None if found is None else "key:" + found.hex()[:12]
 
     def check(self, candidate: str) -> bool:
-        """Compared with every key, in constant time, so timing tells nothing of a key."""
-        given = candidate.encode("utf-8", "replace")
-        found = False
-        for key in self._keys:
-            found |= hmac.compare_digest(key, given)
-        return found
+        return self.identify(candidate) is not None
 
 
 class Tokens:
-    """Random tokens with an expiry, kept in memory, at most `max_count` (the oldest dropped)."""
+    """Random tokens with an expiry and an owner (the client that asked for them), kept in memory,
+    at most `max_count` (the oldest dropped)."""
 
     def __init__(self, ttl_s: float, clock: Clock, max_count: int = MAX_TOKENS) -> None:
         self.ttl_s = ttl_s
         self.clock = clock
         self.max_count = max_count
-        self._expiry: OrderedDict[str, float] = OrderedDict()  # in issue order, so in expiry order
+        self._tokens: OrderedDict[str, tuple[float, str]] = OrderedDict()  # in issue order, so in expiry order
 
-    def issue(self) -> str:
+    def issue(self, owner: str = "") -> str:
         now = self.clock.now()
-        while self._expiry and (len(self._expiry) >= self.max_count or next(iter(self._expiry.values())) <= now):
-            self._expiry.popitem(last=False)
+        while self._tokens and (len(self._tokens) >= self.max_count or next(iter(self._tokens.values()))[0] <= now):
+            self._tokens.popitem(last=False)
         token = secrets.token_urlsafe(32)
-        self._expiry[token] = now + self.ttl_s
+        self._tokens[token] = (now + self.ttl_s, owner)
         return token
 
-    def valid(self, token: str) -> bool:
-        expiry = self._expiry.get(token)
-        return expiry is not None and self.clock.now() < expiry
+    def owner(self, token: str) -> str | None:
+        """The owner of a live token (it stays usable), or None."""
+        entry = self._tokens.get(token)
+        return entry[1] if entry is not None and self.clock.now() < entry[0] else None
 
-    def take(self, token: str) -> bool:
-        """True once for a live token; it is gone after."""
-        ok = self.valid(token)
-        self._expiry.pop(token, None)
-        return ok
+    def valid(self, token: str) -> bool:
+        return self.owner(token) is not None
+
+    def take(self, token: str) -> str | None:
+        """The owner of a live token, once: it is gone after. None for an unknown or expired one."""
+        owner = self.owner(token)
+        self._tokens.pop(token, None)
+        return owner
 
     def drop(self, token: str) -> None:
-        self._expiry.pop(token, None)
+        self._tokens.pop(token, None)
 
     def __len__(self) -> int:
-        return len(self._expiry)
+        return len(self._tokens)
 
 
-def origin_allowed(origin: str | None, host: str | None, allowed: list[str]) -> bool:
-    """No Origin (not a browser), the page's own origin, or one listed in server.allowed_origins."""
+LOOPBACK_NAMES = ("localhost", ".localhost", "127.0.0.1", "::1")
+
+
+def host_name(value: str) -> str:
+    """The name in a Host header or a URL's netloc, without port, brackets or trailing dot, lower case."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value
+    if value.count(":") == 1:
+        value = value.split(":", 1)[0]
+    return value.rstrip(".")
+
+
+class AllowedHosts:
+    """The names this server answers to (server.allowed_hosts, the loopback names, the address it
+    binds and the public URLs it is given): a request for any other Host is refused, so that a web
+    page cannot reach a server on the user's machine by pointing its own name at 127.0.0.1 (DNS
+    rebinding). "*" allows any; ".example.com" allows example.com and its subdomains."""
+
+    def __init__(self, names: list[str]) -> None:
+        cleaned = {host_name(n) if n not in ("*",) and not n.startswith(".") else n.lower() for n in names if n}
+        self.any = "*" in cleaned
+        self.exact = frozenset(n for n in cleaned if not n.startswith("."))
+        self.suffixes = tuple(n for n in cleaned if n.startswith("."))
+
+    @classmethod
+    def for_settings(cls, server: ServerConfig, public_urls: list[str]) -> AllowedHosts:
+        names = [*LOOPBACK_NAMES, *server.allowed_hosts]
+        if server.host not in ("", "0.0.0.0", "::"):
+            names.append(server.host)
+        names += [urlsplit(url).hostname or "" for url in public_urls if url]
+        return cls(names)
+
+    def allows(self, host: str | None) -> bool:
+        if self.any:
+            return True
+        if not host:
+            return False
+        name = host_name(host)
+        return name in self.exact or any(name.endswith(s) or name == s[1:] for s in self.suffixes)
+
+
+def origin_allowed(origin: str | None, host: str | None, allowed: list[str], hosts: AllowedHosts) -> bool:
+    """No Origin (not a browser), one listed in server.allowed_origins, or the page's own origin
+    (Origin's host = Host) when that host is one this server answers to."""
     if origin is None:
         return True
     origin = origin.rstrip("/").lower()
     if origin in (value.rstrip("/").lower() for value in allowed) or "*" in allowed:
         return True
-    return bool(host) and urlsplit(origin).netloc == (host or "").lower()
+    netloc = urlsplit(origin).netloc
+    return bool(host) and bool(netloc) and netloc == (host or "").lower() and hosts.allows(netloc)
 
 
 def is_loopback(host: str) -> bool:
@@ -131,28 +194,60 @@ def check_exposure(server: ServerConfig) -> None:
 
 
 class Access:
-    """The access state of one app: its keys, session tokens and logins."""
+    """The access state of one app: its keys, session tokens, logins, allowed hosts and origins, and
+    the limit on wrong keys per address."""
 
-    def __init__(self, server: ServerConfig, clock: Clock) -> None:
+    def __init__(self, server: ServerConfig, clock: Clock, public_urls: list[str] | None = None) -> None:
         self.keys = Keys(load_keys(server))
         self.session_tokens = Tokens(SESSION_TOKEN_TTL_S, clock)
         self.logins = Tokens(server.login_ttl_s, clock)
         self.allowed_origins = list(server.allowed_origins)
-        self.trusted_proxies = parse_networks(server.trusted_proxies, "server.trusted_proxies")
+        self.allowed_hosts = AllowedHosts.for_settings(server, public_urls or [])
+        # wrong keys, tokens and cookies, per address: guessing is slow on every authenticated route
+        self.failures = RateLimiter(server.max_auth_failures_per_minute, clock)
+
+    def bearer_owner(self, authorization: str | None) -> str | None:
+        """The client a valid `Authorization: Bearer <key>` stands for, or None."""
+        if not authorization:
+            return None
+        scheme, _, key = authorization.partition(" ")
+        return self.keys.identify(key.strip()) if scheme.lower() == "bearer" else None
 
     def bearer_ok(self, authorization: str | None) -> bool:
-        if not authorization:
-            return False
-        scheme, _, key = authorization.partition(" ")
-        return scheme.lower() == "bearer" and self.keys.check(key.strip())
+        return self.bearer_owner(authorization) is not None
+
+    def cookie_owner(self, cookie: str | None) -> str | None:
+        return self.logins.owner(cookie) if cookie else None
 
     def cookie_ok(self, cookie: str | None) -> bool:
-        return bool(cookie) and self.logins.valid(cookie or "")
+        return self.cookie_owner(cookie) is not None
+
+    def failed(self, address: str) -> None:
+        """A wrong key, token or cookie from `address`."""
+        self.failures.take(address)
+
+    def blocked_for(self, address: str) -> float:
+        """Seconds until `address` may try a key again (0: now)."""
+        return self.failures.wait(address)
 
 
 def _access(request: Request) -> Access:
     access: Access = request.app.state.access
     return access
+
+
+def client_of(scope: Scope) -> str:
+    """Who the guard counted this request as: an API key ("key:..."), else the client's address."""
+    client = scope.get(CLIENT_KEY)
+    if isinstance(client, str):
+        return client
+    peer = scope.get("client")
+    return address_key(peer[0]) if peer else "unknown"
+
+
+def address_of(scope: Scope) -> str:
+    peer = scope.get("client")
+    return address_key(peer[0]) if peer else "unknown"
 
 
 class AuthState(BaseModel):
@@ -180,13 +275,16 @@ async def auth_state(request: Request) -> AuthState:
 
 @router.post("/login", response_model=None)
 async def login(body: Login, request: Request) -> Response:
-    """A key in the body buys a cookie (HttpOnly, SameSite=Strict) good for /qa and /api."""
+    """A key in the body buys a cookie (HttpOnly, SameSite=Strict; Secure when the request came over
+    TLS, directly or through a trusted proxy's X-Forwarded-Proto) good for /qa and /api."""
     access = _access(request)
-    if access.keys.required and not access.keys.check(body.key):
+    owner = access.keys.identify(body.key) if access.keys.required else address_of(request.scope)
+    if owner is None:
+        access.failed(address_of(request.scope))
         return JSONResponse({"error": {"code": "unauthorized", "message": "that is not a valid key"}},
                             status_code=401)
     response = JSONResponse({"expires_in": int(access.logins.ttl_s)})
-    response.set_cookie(LOGIN_COOKIE, access.logins.issue(), max_age=int(access.logins.ttl_s), path="/",
+    response.set_cookie(LOGIN_COOKIE, access.logins.issue(owner), max_age=int(access.logins.ttl_s), path="/",
                         httponly=True, samesite="strict", secure=request.url.scheme == "https")
     return response
 
@@ -201,5 +299,7 @@ async def logout(request: Request) -> Response:
 
 @router.post("/session-token")
 async def session_token(request: Request) -> SessionToken:
-    """A token for one /ws connection (`/ws?token=...`) within 60 s; the guard checked the key."""
-    return SessionToken(token=_access(request).session_tokens.issue(), expires_in=SESSION_TOKEN_TTL_S)
+    """A token for one /ws connection (`/ws?token=...`) within 60 s; the guard checked the key. The
+    call it opens counts against the same client as this request (its key)."""
+    token = _access(request).session_tokens.issue(client_of(request.scope))
+    return SessionToken(token=token, expires_in=SESSION_TOKEN_TTL_S)

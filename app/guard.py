@@ -1,16 +1,29 @@
 """The guard in front of every route, as plain ASGI middleware (docs/security.md).
 
-HTTP: `/v1` requests (and login attempts) are rate-limited per client (429 + Retry-After); `/v1`,
-`/api`, `/qa` and `/metrics` need `Authorization: Bearer <key>` when keys are set (`/api` and `/qa`
-also take the login cookie); the body is read here, whole, before any route sees it: larger than
-server.max_body_bytes is 413, slower than server.body_timeout_s is 408.
+Every request: the Host it names must be one this server answers to (server.allowed_hosts and the
+defaults in app/access.py), else 400, or 403 before a WebSocket upgrade; only /healthz is exempt
+(a probe names the pod's address, and the answer tells nothing). Paths are matched as Starlette
+routes them (without a root_path or a mount's prefix), and every path needs a key, when keys are
+set, but the few that are open by design (OPEN_PATHS: the page, its static files, health, the login
+routes, the phone webhook with its own signature).
 
-WebSocket `/ws`: a browser Origin that is not allowed is refused before the upgrade (403); too many
-new connections or calls in progress from one client is accepted and closed with 1013 and a reason;
-a missing key (Bearer header, or a one-use `?token=`) is accepted and closed with 1008 and a reason,
-so that a browser can read why. A connection that sends nothing for server.idle_timeout_s is closed
-(1001). The phone routes keep their own signature checks and are not guarded here, but for the body
-limits."""
+HTTP: `Authorization: Bearer <key>` (`/api` and `/qa` also take the login cookie); a wrong key,
+token or cookie is counted per address, and past server.max_auth_failures_per_minute every
+authenticated route answers 429 for the rest of the minute. `/v1` requests (and login attempts) are
+rate-limited per client (429 + Retry-After). The body is read here, whole, before any route sees
+it: larger than server.max_body_bytes is 413, slower than server.body_timeout_s is 408.
+
+WebSocket `/ws`: a browser Origin that is not allowed is refused before the upgrade (403); a missing
+key (Bearer header, or a one-use `?token=`) is accepted and closed with 1008 and a reason, so that a
+browser can read why; too many new connections or calls in progress from one client is accepted
+and closed with 1013 and a reason. A client is the API key the call was opened with, else the
+address (app/limits.py). The call's place in its client's count is handed to the route
+(`CLIENT_SLOT` in the scope), which gives it back the moment the caller hangs up.
+
+Phone media sockets (`/twilio/media`, `/telnyx/media`) carry the provider's own credentials, checked
+by their routes; here they are rate-limited per address (phone.max_connections_per_minute).
+
+Every WebSocket that sends nothing for server.idle_timeout_s is closed (1001)."""
 
 from __future__ import annotations
 
@@ -19,13 +32,15 @@ import json
 import logging
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
 
+from starlette._utils import get_route_path  # the path Starlette's router matches: the guard must match the same
+from starlette.datastructures import Headers, QueryParams
+from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.access import LOGIN_COOKIE, Access, origin_allowed
-from app.limits import CallCounter, RateLimiter, client_address
-from app.settings import ServerConfig
+from app.access import CLIENT_KEY, LOGIN_COOKIE, Access, address_of, origin_allowed
+from app.limits import CallCounter, RateLimiter, Slot
+from app.settings import Settings
 from core.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -33,31 +48,23 @@ log = logging.getLogger(__name__)
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
 CLOSE_TRY_LATER = 1013
-OPEN_PATHS = frozenset({"/api/auth", "/api/login", "/api/logout"})
+CLIENT_SLOT = "voice_agent.client_slot"  # scope key: the call's place in its client's count (a Slot)
+OPEN_PATHS = frozenset({"/", "/healthz", "/api/auth", "/api/login", "/api/logout", "/twilio/voice",
+                        "/twilio/media", "/telnyx/media"})
+OPEN_PREFIXES = ("/static/",)
+PHONE_SOCKETS = frozenset({"/twilio/media", "/telnyx/media"})
+ANY_HOST = frozenset({"/healthz"})
 LOGIN_PAGE = Path(__file__).parent / "static" / "login.html"
 KEY_HINT = "send Authorization: Bearer <key> (a key from server.api_keys)"
 WS_KEY_HINT = "needs a key: Authorization: Bearer <key>, or ?token= from POST /api/session-token"
 
 
 def _needs_key(path: str) -> bool:
-    return (path in ("/metrics", "/qa", "/ws") or path.startswith(("/v1/", "/api/", "/qa/"))) \
-        and path not in OPEN_PATHS
+    return path not in OPEN_PATHS and not path.startswith(OPEN_PREFIXES)
 
 
 def _takes_cookie(path: str) -> bool:
     return path == "/qa" or path.startswith(("/qa/", "/api/"))
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    return {key.decode("latin-1").lower(): value.decode("latin-1") for key, value in scope.get("headers", [])}
-
-
-def _cookie(headers: dict[str, str], name: str) -> str | None:
-    for part in headers.get("cookie", "").split(";"):
-        key, _, value = part.strip().partition("=")
-        if key == name:
-            return value
-    return None
 
 
 async def _respond(send: Send, status: int, body: bytes, content_type: str = "application/json",
@@ -72,57 +79,86 @@ def _error(code: str, message: str) -> bytes:
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, access: Access, server: ServerConfig, clock: Clock) -> None:
+    def __init__(self, app: ASGIApp, access: Access, settings: Settings, clock: Clock) -> None:
         self.app = app
         self.access = access
-        self.server = server
+        self.server = server = settings.server
         self.api_requests = RateLimiter(server.max_api_requests_per_minute, clock)
         self.connections = RateLimiter(server.max_connections_per_minute, clock)
-        self.calls = CallCounter(server.max_calls_per_client)
+        self.phone_connections = RateLimiter(settings.phone.max_connections_per_minute, clock)
+        self.address_calls = CallCounter(server.max_calls_per_client)
+        self.key_calls = CallCounter(server.max_calls_per_key)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        path = get_route_path(scope)
+        headers = Headers(scope=scope)
+        if path not in ANY_HOST and not self.access.allowed_hosts.allows(headers.get("host")):
+            host = headers.get("host", "")[:100]
+            log.info("refused a request for host %r (not in server.allowed_hosts)", host)
+            message = (f"this server does not answer to the host {host!r}; list it in server.allowed_hosts "
+                       "(a guard against DNS rebinding)")
+            if scope["type"] == "http":
+                return await _respond(send, 400, _error("host_not_allowed", message))
+            return await _refuse_upgrade(scope, receive, send, message)
         if scope["type"] == "http":
-            await self._http(scope, receive, send)
-        elif scope["type"] == "websocket" and scope["path"] == "/ws":
-            await self._websocket(scope, receive, send)
+            await self._http(scope, receive, send, path, headers)
+        elif path == "/ws":
+            await self._websocket(scope, receive, send, headers)
+        elif path in PHONE_SOCKETS:
+            await self._phone_socket(scope, receive, send, headers)
         else:
             await self.app(scope, receive, send)
 
-    def _client(self, scope: Scope, headers: dict[str, str]) -> str:
-        peer = scope["client"][0] if scope.get("client") else "unknown"
-        return client_address(peer, headers.get("x-forwarded-for"), self.access.trusted_proxies)
-
-    def _authorized(self, path: str, headers: dict[str, str]) -> bool:
-        if not self.access.keys.required or not _needs_key(path):
-            return True
-        if self.access.bearer_ok(headers.get("authorization")):
-            return True
-        return _takes_cookie(path) and self.access.cookie_ok(_cookie(headers, LOGIN_COOKIE))
+    def _owner(self, path: str, headers: Headers) -> tuple[str | None, bool]:
+        """(the client the request's key, or its login cookie, stands for; whether it sent one)."""
+        authorization = headers.get("authorization")
+        cookie = cookie_parser(headers.get("cookie", "")).get(LOGIN_COOKIE) if _takes_cookie(path) else None
+        owner = self.access.bearer_owner(authorization) or self.access.cookie_owner(cookie)
+        return owner, bool(authorization or cookie)
 
     # -- HTTP ----------------------------------------------------------------------------------------
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path: str = scope["path"]
-        headers = _headers(scope)
+    async def _http(self, scope: Scope, receive: Receive, send: Send, path: str, headers: Headers) -> None:
+        address = address_of(scope)
+        owner: str | None = None
+        if (self.access.keys.required and _needs_key(path)) or path == "/api/login":
+            blocked = self.access.blocked_for(address)
+            if blocked:
+                return await self._too_many_failures(send, blocked)
+        if self.access.keys.required and _needs_key(path):
+            owner, presented = self._owner(path, headers)
+            if owner is None:
+                if presented:
+                    self.access.failed(address)
+                if (path == "/qa" or path.startswith("/qa/")) and "text/html" in headers.get("accept", ""):
+                    return await _respond(send, 401, LOGIN_PAGE.read_bytes(), "text/html; charset=utf-8")
+                hint = KEY_HINT + (", or log in with POST /api/login {\"key\": ...}" if _takes_cookie(path) else "")
+                return await _respond(send, 401, _error("unauthorized", f"{path} {hint}"),
+                                      extra=[(b"www-authenticate", b'Bearer realm="voice-agent"')])
+        client = owner or address
+        scope[CLIENT_KEY] = client
         if path.startswith("/v1/") or path == "/api/login":
-            wait = self.api_requests.take(self._client(scope, headers))
+            wait = self.api_requests.take(client)
             if wait:
                 retry = RateLimiter.retry_after(wait)
-                message = (f"too many requests from your address: {self.server.max_api_requests_per_minute} a "
-                           f"minute (server.max_api_requests_per_minute); retry in {retry} s")
-                return await _respond(send, 429, _error("rate_limited", message), extra=[(b"retry-after",
-                                                                                          retry.encode())])
-        if not self._authorized(path, headers):
-            if (path == "/qa" or path.startswith("/qa/")) and "text/html" in headers.get("accept", ""):
-                return await _respond(send, 401, LOGIN_PAGE.read_bytes(), "text/html; charset=utf-8")
-            hint = KEY_HINT + (", or log in with POST /api/login {\"key\": ...}" if _takes_cookie(path) else "")
-            return await _respond(send, 401, _error("unauthorized", f"{path} {hint}"),
-                                  extra=[(b"www-authenticate", b'Bearer realm="voice-agent"')])
+                message = (f"too many requests from your {'key' if owner else 'address'}: "
+                           f"{self.server.max_api_requests_per_minute} a minute (server.max_api_requests_per_minute); "
+                           f"retry in {retry} s")
+                return await _respond(send, 429, _error("rate_limited", message),
+                                      extra=[(b"retry-after", retry.encode())])
         body = await self._read_body(headers, receive, send)
         if body is not None:
             await self.app(scope, _replay(body, receive), send)
 
-    async def _read_body(self, headers: dict[str, str], receive: Receive, send: Send) -> Message | None:
+    async def _too_many_failures(self, send: Send, wait: float) -> None:
+        retry = RateLimiter.retry_after(wait)
+        message = (f"too many wrong keys from your address: {self.server.max_auth_failures_per_minute} a minute "
+                   f"(server.max_auth_failures_per_minute); retry in {retry} s")
+        await _respond(send, 429, _error("too_many_failures", message), extra=[(b"retry-after", retry.encode())])
+
+    async def _read_body(self, headers: Headers, receive: Receive, send: Send) -> Message | None:
         """The whole body as one message, or None when it was refused (413, 408) here."""
         limit = self.server.max_body_bytes
         too_big = _error("body_too_large", f"the request body is over {limit} bytes (server.max_body_bytes)")
@@ -153,35 +189,73 @@ class Guard:
 
     # -- WebSocket -----------------------------------------------------------------------------------
 
-    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = _headers(scope)
-        client = self._client(scope, headers)
-        if not origin_allowed(headers.get("origin"), headers.get("host"), self.access.allowed_origins):
-            log.info("refused /ws from origin %r (not in server.allowed_origins)", headers.get("origin"))
-            return await _refuse_upgrade(scope, receive, send, "this origin may not open /ws "
-                                         "(server.allowed_origins)")
+    def _origin_ok(self, headers: Headers) -> bool:
+        if origin_allowed(headers.get("origin"), headers.get("host"), self.access.allowed_origins,
+                          self.access.allowed_hosts):
+            return True
+        log.info("refused a WebSocket from origin %r (not in server.allowed_origins)", headers.get("origin", "")[:100])
+        return False
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
+        if not self._origin_ok(headers):
+            return await _refuse_upgrade(scope, receive, send, "this origin may not open /ws (server.allowed_origins)")
+        address = address_of(scope)
+        owner: str | None = None
+        if self.access.keys.required:
+            blocked = self.access.blocked_for(address)
+            if blocked:
+                reason = (f"too many wrong keys from your address (server.max_auth_failures_per_minute); retry in "
+                          f"{RateLimiter.retry_after(blocked)} s")
+                return await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
+            tokens = QueryParams(scope.get("query_string", b"")).getlist("token")
+            owner = self.access.bearer_owner(headers.get("authorization"))
+            if owner is None and len(tokens) == 1:
+                owner = self.access.session_tokens.take(tokens[0])
+            if owner is None:
+                if headers.get("authorization") or tokens:
+                    self.access.failed(address)
+                return await _accept_and_close(receive, send, CLOSE_POLICY, WS_KEY_HINT)
+        client = owner or address
         wait = self.connections.take(client)
         if wait:
             reason = (f"too many new connections: {self.server.max_connections_per_minute} a minute "
                       f"(server.max_connections_per_minute); retry in {RateLimiter.retry_after(wait)} s")
             return await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
-        if self.access.keys.required and not self._ws_key_ok(scope, headers):
-            return await _accept_and_close(receive, send, CLOSE_POLICY, WS_KEY_HINT)
-        if not self.calls.enter(client):
-            reason = (f"too many calls in progress from your address: {self.server.max_calls_per_client} "
+        slot = (self.key_calls if owner else self.address_calls).enter(client)
+        if slot is None:
+            reason = (f"too many calls in progress with your key: {self.server.max_calls_per_key} "
+                      "(server.max_calls_per_key)" if owner else
+                      f"too many calls in progress from your address: {self.server.max_calls_per_client} "
                       "(server.max_calls_per_client)")
             return await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
+        scope[CLIENT_KEY], scope[CLIENT_SLOT] = client, slot
         try:
-            idle = IdleSocket(receive, send, self.server.idle_timeout_s)
-            await self.app(scope, idle.receive, idle.send)
+            await self._idle_guarded(scope, receive, send)
         finally:
-            self.calls.leave(client)
+            slot.release()  # if the route has not already: the caller hung up
 
-    def _ws_key_ok(self, scope: Scope, headers: dict[str, str]) -> bool:
-        if self.access.bearer_ok(headers.get("authorization")):
-            return True
-        tokens = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token", [])
-        return len(tokens) == 1 and self.access.session_tokens.take(tokens[0])
+    async def _phone_socket(self, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
+        if not self._origin_ok(headers):
+            return await _refuse_upgrade(scope, receive, send, "this origin may not open a media socket")
+        address = address_of(scope)
+        wait = self.phone_connections.take(address)
+        if wait:
+            log.warning("refused a media socket from %s: over phone.max_connections_per_minute", address)
+            reason = (f"too many new media sockets: {self.phone_connections.capacity:.0f} a minute "
+                      f"(phone.max_connections_per_minute); retry in {RateLimiter.retry_after(wait)} s")
+            return await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
+        scope[CLIENT_KEY] = address
+        await self._idle_guarded(scope, receive, send)
+
+    async def _idle_guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        idle = IdleSocket(receive, send, self.server.idle_timeout_s)
+        await self.app(scope, idle.receive, idle.send)
+
+
+def client_slot(scope: Scope) -> Slot | None:
+    """The call's place in its client's count, left by the guard, for the route to give back."""
+    slot = scope.get(CLIENT_SLOT)
+    return slot if isinstance(slot, Slot) else None
 
 
 def _replay(body: Message, receive: Receive) -> Receive:
@@ -233,7 +307,7 @@ class IdleSocket:
                 return {"type": "websocket.disconnect", "code": CLOSE_GOING_AWAY}
             self.closed = True
             reason = f"idle: nothing received for {self.timeout_s:g} s (server.idle_timeout_s)"
-            log.info("closed a /ws connection: %s", reason)
+            log.info("closed a WebSocket: %s", reason)
             await self._send({"type": "websocket.close", "code": CLOSE_GOING_AWAY, "reason": reason})
             return {"type": "websocket.disconnect", "code": CLOSE_GOING_AWAY, "reason": reason}
 

@@ -1,19 +1,28 @@
-"""Per-client limits (docs/security.md): who the client is (its address, or behind a trusted proxy
-the address the proxy names), a rate limiter per client, and a count of calls in progress per
-client. Both tables are bounded: the least recently seen clients are forgotten first."""
+"""Per-client limits (docs/security.md): who the client is, a rate limiter per client, and a count
+of calls in progress per client.
+
+A client is an API key when the request carries one (keys are accountable: a call centre's gateway
+puts many callers behind one address), else its address; IPv6 addresses count by their /64, the
+block one subscriber gets. The proxy headers of trusted proxies are applied before the guard sees
+the request (uvicorn's ProxyHeadersMiddleware in app/main.py), so the address is the client's.
+
+Both tables are bounded without letting an abuser reset its own limit: a rate bucket is forgotten
+only once it has refilled (it then says the same as a new one), and when the table is full of
+buckets that have not, newcomers share one overflow bucket."""
 
 from __future__ import annotations
 
 import ipaddress
 import math
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from core.clock import Clock
 from core.errors import ConfigError
 
 MAX_CLIENTS = 10_000  # clients remembered per table; an idle one costs ~200 bytes
+OVERFLOW = "(overflow)"  # the bucket that clients share while the table is full of active ones
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -28,24 +37,18 @@ def parse_networks(values: Iterable[str], setting: str) -> list[Network]:
     return networks
 
 
-def _in(address: str, networks: list[Network]) -> bool:
+def address_key(address: str) -> str:
+    """The client an address stands for: an IPv4 address itself (also written IPv4-mapped), an
+    IPv6 address's /64 (one subscriber's block: rotating addresses inside it is free)."""
     try:
-        ip = ipaddress.ip_address(address.strip())
+        ip = ipaddress.ip_address(address.strip().strip("[]"))
     except ValueError:
-        return False
-    return any(ip in network for network in networks)
-
-
-def client_address(peer: str, forwarded_for: str | None, trusted: list[Network]) -> str:
-    """The peer's address; when the peer is a trusted proxy, the nearest address in X-Forwarded-For
-    that is not itself a trusted proxy (the ones further left are the client's to write)."""
-    if not forwarded_for or not _in(peer, trusted):
-        return peer
-    hops = [hop.strip() for hop in forwarded_for.split(",") if hop.strip()]
-    for hop in reversed(hops):
-        if not _in(hop, trusted):
-            return hop
-    return hops[0] if hops else peer
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 @dataclass
@@ -62,45 +65,84 @@ class RateLimiter:
         self.rate = per_minute / 60.0  # tokens a second
         self.clock = clock
         self.max_clients = max_clients
-        self.buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self.buckets: OrderedDict[str, _Bucket] = OrderedDict()  # least recently seen first
+
+    def _bucket(self, client: str, now: float) -> _Bucket:
+        bucket = self.buckets.get(client)
+        if bucket is None:
+            if len(self.buckets) >= self.max_clients:
+                self._forget_refilled(now)
+            if len(self.buckets) >= self.max_clients:
+                client = OVERFLOW  # every remembered client is still limited: share one bucket
+                bucket = self.buckets.get(client)
+            if bucket is None:
+                bucket = self.buckets[client] = _Bucket(self.capacity, now)
+        self.buckets.move_to_end(client)
+        bucket.tokens = min(self.capacity, bucket.tokens + (now - bucket.at) * self.rate)
+        bucket.at = now
+        return bucket
+
+    def _forget_refilled(self, now: float) -> None:
+        """Drop the buckets that are full again: forgetting one changes nothing."""
+        for client in [c for c, b in self.buckets.items()
+                       if b.tokens + (now - b.at) * self.rate >= self.capacity]:
+            del self.buckets[client]
 
     def take(self, client: str) -> float:
         """0 when the client may go on (and one token is spent), else the seconds to wait."""
-        now = self.clock.now()
-        bucket = self.buckets.pop(client, None) or _Bucket(self.capacity, now)
-        bucket.tokens = min(self.capacity, bucket.tokens + (now - bucket.at) * self.rate)
-        bucket.at = now
-        self.buckets[client] = bucket  # most recently seen last
-        while len(self.buckets) > self.max_clients:
-            self.buckets.popitem(last=False)
+        bucket = self._bucket(client, self.clock.now())
         if bucket.tokens >= 1.0:
             bucket.tokens -= 1.0
             return 0.0
         return (1.0 - bucket.tokens) / self.rate
+
+    def wait(self, client: str) -> float:
+        """The seconds until the client may go on (0: now), spending nothing."""
+        bucket = self.buckets.get(client)
+        if bucket is None:
+            return 0.0
+        tokens = min(self.capacity, bucket.tokens + (self.clock.now() - bucket.at) * self.rate)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
 
     @staticmethod
     def retry_after(wait_s: float) -> str:
         return str(max(1, math.ceil(wait_s)))
 
 
+class Slot:
+    """A place taken in a count; `release()` gives it back, once, however often it is called."""
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._release: Callable[[], None] | None = release
+
+    def release(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    @property
+    def held(self) -> bool:
+        return self._release is not None
+
+
 class CallCounter:
-    """Calls in progress per client."""
+    """Calls in progress per client; a limit of 0 counts without limiting."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.calls: dict[str, int] = {}
 
-    def enter(self, client: str) -> bool:
+    def enter(self, client: str) -> Slot | None:
+        """A slot for a new call of `client`, or None when it has `limit` calls already."""
         count = self.calls.get(client, 0)
-        if count >= self.limit:
-            return False
+        if self.limit and count >= self.limit:
+            return None
         self.calls[client] = count + 1
-        return True
+        return Slot(lambda: self._leave(client))
 
-    def leave(self, client: str) -> None:
+    def _leave(self, client: str) -> None:
         count = self.calls.get(client, 0) - 1
         if count > 0:
             self.calls[client] = count
         else:
             self.calls.pop(client, None)  # a client with no call costs nothing
-

@@ -12,10 +12,13 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app import access, openai_api, phone_telnyx, phone_twilio, qa_api, qa_pages, ws_native
 from app.guard import Guard
+from app.limits import parse_networks
 from app.metrics_server import start_metrics_server
+from app.redact import install_log_redaction
 from app.runtime import Runtime
 from app.settings import Settings
 from core.clock import Clock, MonotonicClock
@@ -28,6 +31,7 @@ STATIC = Path(__file__).parent / "static"
 def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
                backends: Backends | None = None) -> FastAPI:
     runtime = Runtime(settings or Settings(), clock or MonotonicClock(), backends=backends)
+    install_log_redaction()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -49,8 +53,13 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
 
     app = FastAPI(title="voice-agent", version="0.1.0", lifespan=lifespan)
     app.state.runtime = runtime
-    app.state.access = access.Access(runtime.settings.server, runtime.clock)
-    app.add_middleware(Guard, access=app.state.access, server=runtime.settings.server, clock=runtime.clock)
+    settings = runtime.settings
+    app.state.access = access.Access(settings.server, runtime.clock,
+                                     public_urls=[settings.twilio.public_url, settings.telnyx.public_url])
+    app.add_middleware(Guard, access=app.state.access, settings=settings, clock=runtime.clock)
+    trusted = [str(n) for n in parse_networks(settings.server.trusted_proxies, "server.trusted_proxies")]
+    if trusted:  # outside the guard: the guard sees the client a trusted proxy names, and its scheme
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=trusted)
     app.include_router(access.router)
     app.include_router(ws_native.router)
     app.include_router(openai_api.router)

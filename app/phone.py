@@ -47,17 +47,19 @@ from app.phone_wire import (
     mark_name,
     parse_mark,
 )
+from app.redact import mask_number
 from app.runtime import Runtime
 from app.settings import PhoneConfig
 from app.wire import event_json
-from app.ws_native import CLOSE_ERROR, CLOSE_NORMAL, CLOSE_TRY_LATER, Connection, SocketOutbound
+from app.ws_native import CLOSE_ERROR, CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_LATER, Connection, SocketOutbound
 from core.errors import ProtocolError
 from pipeline.audio import StreamResampler, mulaw_to_float, pcm16_to_mulaw
 from pipeline.events import ErrorEvent, OutEvent, ResponseDone, SpeechStarted, TranscriptFinal
 from pipeline.session import Session
 
 log = logging.getLogger(__name__)
-CLOSING = ("session_expired", "too_many_errors")  # Connection.run's reasons to close a call
+NONCE_PARAMETER = "nonce"  # the TwiML <Parameter> that Twilio hands back in `start`
+CLOSING = ("session_expired", "too_many_errors", "start_timeout")  # Connection.run's reasons to close a call
 
 
 class PhoneOutbound(SocketOutbound):
@@ -199,6 +201,9 @@ class PhoneCall(Connection):
         return True
 
     async def start_call(self, start: CallStart) -> None:
+        """The provider's `start`: the call is admitted here, not when the socket opened, so a socket
+        that never starts holds no call slot. A Twilio stream must hand back the one-use nonce of the
+        TwiML that opened it (app/phone_twilio.py): a captured stream replayed later is refused."""
         if self.session is not None:
             await self.error("already_started", "a second start event on this stream")
             return
@@ -206,6 +211,15 @@ class PhoneCall(Connection):
         assert runtime.backends is not None
         self.outbound.stream_id = start.stream_id
         self.outbound.label = f"{self.dialect.name} {start.call_id}"
+        refusal = self.start_refusal(start)
+        if refusal is not None:
+            code, why, close_code = refusal
+            log.warning("%s: call refused: %s", self.label, why)
+            runtime.metrics.error(code)
+            self.reason, self.end_reason = why, "refused"
+            await self.close(close_code)
+            return
+        runtime.open_session(self.session_id, self.dialect.name)
         self.resampler = StreamResampler(SAMPLE_RATE, runtime.backends.vad.sample_rate)
         caller = start.parameters.get("From") or start.parameters.get("from")
         self.call_log = CallLog(runtime, self.session_id, self.dialect.name, caller=caller)
@@ -213,7 +227,26 @@ class PhoneCall(Connection):
                                output_rate=SAMPLE_RATE, on_turn=self.on_turn, tap=self.call_log.recorder)
         runtime.metrics.sessions.labels(self.dialect.name).inc()
         self.task = asyncio.create_task(self.session.run())
-        log.info("%s: call started (stream %s, %s)", self.label, start.stream_id, start.parameters)
+        runtime.keep_call_task(self.task)
+        shown = {k: mask_number(v) if k.lower() in ("from", "to") else v for k, v in start.parameters.items()
+                 if k != NONCE_PARAMETER}
+        log.info("%s: call started (stream %s, %s)", self.label, start.stream_id, shown)
+
+    def start_refusal(self, start: CallStart) -> tuple[str, str, int] | None:
+        """Why this `start` may not begin a call (error code, reason, close code), or None."""
+        runtime = self.runtime
+        if self.dialect.name == "twilio" and runtime.settings.twilio.check_signatures:
+            nonce = start.parameters.get(NONCE_PARAMETER, "")
+            owner = runtime.stream_nonces.take(nonce) if nonce else None
+            if owner is None or (owner and owner != start.call_id):
+                return ("bad_nonce", "the stream did not come from this server's TwiML (its nonce is missing, used "
+                        "or expired)", CLOSE_POLICY)
+        if runtime.draining.is_set():
+            return "shutting_down", "the server is shutting down", CLOSE_TRY_LATER
+        limit = runtime.settings.server.max_sessions
+        if len(runtime.sessions) >= limit:
+            return "server_busy", f"all {limit} call slots are taken", CLOSE_TRY_LATER
+        return None
 
     async def handle_media(self, media: Media) -> None:
         if self.session is None or self.resampler is None:
@@ -264,10 +297,10 @@ async def deny(websocket: WebSocket) -> None:
 
 
 async def serve_call(websocket: WebSocket, dialect: Dialect) -> None:
-    """Run one call on an authenticated provider socket, as /ws does for the native protocol."""
+    """Run one call on an authenticated provider socket. The call takes its slot at `start`
+    (PhoneCall.start_call); a socket that sends none within server.start_timeout_s is closed."""
     runtime: Runtime = websocket.app.state.runtime
     await websocket.accept()
-    limit = runtime.settings.server.max_sessions
     if runtime.draining.is_set():
         log.warning("%s call refused: the server is shutting down", dialect.name)
         await websocket.close(CLOSE_TRY_LATER, reason="shutting down")
@@ -277,19 +310,14 @@ async def serve_call(websocket: WebSocket, dialect: Dialect) -> None:
         log.warning("%s call refused: models are not loaded yet (%s)", dialect.name, detail)
         await websocket.close(CLOSE_TRY_LATER, reason=_reason(f"models are not loaded yet ({detail})"))
         return
-    if len(runtime.sessions) >= limit:
-        log.warning("%s call refused: all %d call slots are taken", dialect.name, limit)
-        runtime.metrics.error("server_busy")
-        await websocket.close(CLOSE_TRY_LATER, reason=f"all {limit} call slots are taken")
-        return
     call = PhoneCall(websocket, runtime, dialect)
-    runtime.open_session(call.session_id, dialect.name)
+    runtime.keep_call_task(asyncio.current_task())
     try:
         await call.run()
     except WebSocketDisconnect:
         pass
     finally:
-        runtime.close_session(call.session_id)
+        call.release()
         out = call.outbound
         log.info("%s closed: %d replies, %d deadline misses, %d underruns", call.label, out.turns,
                  out.deadline_misses, out.underruns)

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from urllib.parse import parse_qsl
+from typing import Any
 
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import Response
-from starlette.datastructures import ImmutableMultiDict
 from twilio.request_validator import SIGNATURE_SETTINGS_HEADER, RequestValidator, get_signature_algorithm
 from twilio.twiml.voice_response import Connect, VoiceResponse
 
-from app.phone import deny, serve_call
+from app.phone import NONCE_PARAMETER, deny, serve_call
 from app.phone_wire import TWILIO
+from app.redact import mask_number
 from app.runtime import Runtime
 from app.settings import Settings, TwilioConfig
 
@@ -58,7 +58,7 @@ def twiml(url: str, parameters: Mapping[str, str]) -> str:
     return str(response)
 
 
-def signature_ok(config: TwilioConfig, url: str, params: Mapping[str, str], headers: Mapping[str, str]) -> bool:
+def signature_ok(config: TwilioConfig, url: str, params: Mapping[str, Any], headers: Mapping[str, str]) -> bool:
     """Whether X-Twilio-Signature is the HMAC of `url` and `params`. The hash is SHA-1 keyed by the
     auth token, or what X-Twilio-Webhooks-Signature-Settings names (HMAC_SHA256 for a webhook rule,
     keyed by the SharedKey it names: twilio.shared_keys)."""
@@ -101,34 +101,31 @@ def log_setup(settings: Settings) -> None:
                  VOICE_PATH, stream_url(config.public_url))
 
 
-async def _form(request: Request, limit: int) -> ImmutableMultiDict[str, str] | None:
-    """The webhook's form fields (application/x-www-form-urlencoded), or None past `limit` bytes."""
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            return None
-    return ImmutableMultiDict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
-
-
 @router.post(VOICE_PATH, include_in_schema=False)
 async def voice_webhook(request: Request) -> Response:
+    """Answers a call with TwiML that streams it here. The stream's <Parameter>s carry the call's
+    fields and a one-use nonce (twilio.stream_nonce_ttl_s) that its `start` must hand back: the
+    socket's own signature covers only the fixed stream URL, so without the nonce one captured
+    stream could be replayed forever."""
     runtime: Runtime = request.app.state.runtime
     config = runtime.settings.twilio
-    form = await _form(request, runtime.settings.phone.max_frame_bytes)
-    if form is None:
+    if len(await request.body()) > runtime.settings.phone.max_frame_bytes:
         return Response(status_code=413)
+    form = await request.form()
+    fields = {name: value for name, value in form.items() if isinstance(value, str)}
     public = config.public_url.rstrip("/")
     if config.check_signatures:
         url = public + VOICE_PATH + (f"?{request.url.query}" if request.url.query else "")
-        if not configured(config) or not signature_ok(config, url, form, request.headers):
+        if not configured(config) or not signature_ok(config, url, form, request.headers):  # every value signed
             runtime.metrics.error("bad_signature")
             log.warning("%s: refused a request without a valid %s", VOICE_PATH, SIGNATURE_HEADER)
             return Response(status_code=403)
     # unchecked (local testing) and no public URL: the stream is on the host the request came to
     url = stream_url(public or str(request.base_url))
-    parameters = {name: form[name] for name in CALL_PARAMETERS if name in form}
-    log.info("twilio %s: incoming call from %s; streaming to %s", form.get("CallSid", "?"), form.get("From", "?"), url)
+    parameters = {name: fields[name] for name in CALL_PARAMETERS if name in fields}
+    parameters[NONCE_PARAMETER] = runtime.stream_nonces.issue(owner=fields.get("CallSid", ""))
+    log.info("twilio %s: incoming call from %s; streaming to %s", fields.get("CallSid", "?"),
+             mask_number(fields.get("From")), url)
     return Response(twiml(url, parameters), media_type="text/xml")
 
 

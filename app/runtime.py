@@ -7,10 +7,13 @@ import asyncio
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from app.access import Tokens
 from app.metrics import Metrics
+from app.phone_tokens import StreamTokens
 from app.settings import Settings
 from app.store import CallStore
 from app.store.traces import TurnTracer, make_tracer
@@ -32,6 +35,9 @@ class Runtime:
     load_error: str | None = None
     status: str = "starting"
     sessions: dict[str, str] = field(default_factory=dict)  # live calls: id -> transport (ws, twilio, telnyx)
+    # the tasks of calls still running, clean-up included (a call's slot is free before its clean-up
+    # ends): shutdown waits for them before it closes the store and the models
+    calls: set[asyncio.Task[Any]] = field(default_factory=set)
     api_requests: int = 0  # generations in progress through /v1
     metrics: Metrics = field(default_factory=Metrics)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
@@ -41,10 +47,34 @@ class Runtime:
     store: CallStore | None = None  # every call and turn, for QA (storage.enabled); see app/store/store.py
     store_error: str | None = None  # why the store is off, when it failed to open
     tracer: TurnTracer | None = None  # each turn as an OTLP trace (otel.endpoint)
+    stream_nonces: Tokens = field(init=False)  # Twilio: each TwiML's one-use nonce, handed back in `start`
+    telnyx_tokens: StreamTokens = field(init=False)  # Telnyx: one-use stream tokens, and the used ones
+
+    def __post_init__(self) -> None:
+        self.stream_nonces = Tokens(self.settings.twilio.stream_nonce_ttl_s, self.clock)
+        self.telnyx_tokens = StreamTokens(self.settings.telnyx)
 
     def open_session(self, session_id: str, transport: str) -> None:
         self.sessions[session_id] = transport
         self._count_active(transport)
+
+    def keep_call_task(self, task: asyncio.Task[Any] | None) -> None:
+        """A task of a call (its handler, its session): shutdown waits for it (end_calls)."""
+        if task is not None:
+            self.calls.add(task)
+            task.add_done_callback(self.calls.discard)
+
+    async def end_calls(self, grace_s: float) -> None:
+        """Wait up to `grace_s` for the calls' tasks to finish, cancel those left, and wait (as long
+        again) for them to unwind: each writes its call's end and hands over its recording."""
+        if not self.calls:
+            return
+        _, pending = await asyncio.wait(set(self.calls), timeout=grace_s)
+        if pending:
+            log.warning("shutdown: %d call tasks still running after %g s; cancelling them", len(pending), grace_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.wait(pending, timeout=grace_s)
 
     def close_session(self, session_id: str) -> None:
         transport = self.sessions.pop(session_id, None)
@@ -144,7 +174,13 @@ class Runtime:
         self.status = status
         log.info("%s", status)
 
-    async def aclose(self) -> None:
+    async def aclose(self, grace_s: float = 5.0) -> None:
+        """Shut down in the order that keeps every record: the calls end first (their ends and
+        recordings go to the store), then the store is flushed and closed, then the models."""
+        await self.end_calls(grace_s)
+        if self.store is not None:
+            await self.store.close()
+            self.store = None
         if self.vllm_metrics is not None:
             await self.vllm_metrics.stop()
         if self.backends is not None:
@@ -152,9 +188,6 @@ class Runtime:
             for worker in (self.backends.vad_worker, self.backends.turn_worker, self.backends.asr_worker,
                            self.backends.tts_worker):
                 worker.shutdown()
-        if self.store is not None:
-            await self.store.close()
-            self.store = None
         if self.tracer is not None:
             await asyncio.to_thread(self.tracer.shutdown)
             self.tracer = None

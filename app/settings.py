@@ -45,9 +45,13 @@ class ServerConfig(BaseModel):
     api_keys_file: str = Field("", description="a file of more keys, one a line; # starts a comment")
     allow_unauthenticated: bool = Field(
         False, description="true lets the server bind a non-loopback address without keys (a warning at start-up)")
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="host names this server answers to besides the loopback names, the address "
+        "it binds and twilio.public_url's host (voice.example.com; .example.com for it and its subdomains; * for any); "
+        "a request naming another Host is refused (400, or 403 before a WebSocket upgrade): DNS rebinding")
     allowed_origins: list[str] = Field(
         default_factory=list, description="browser origins (https://app.example.com) that may open /ws; the page's "
-        "own origin (Origin host = Host) and clients that send no Origin are always allowed")
+        "own origin (Origin host = Host, when that host is allowed) and clients that send no Origin are also allowed")
     trusted_proxies: list[str] = Field(
         default_factory=list, description="addresses or networks (10.0.0.0/8) of proxies whose X-Forwarded-For "
         "names the client; from anyone else the header is ignored")
@@ -59,24 +63,44 @@ class ServerConfig(BaseModel):
     metrics_host: str = Field("127.0.0.1", description="the address the metrics_port binds")
     # Limits per client address (docs/security.md)
     max_connections_per_minute: int = Field(
-        30, ge=1, description="new /ws connections per client a minute; more are closed with 1013")
+        30, ge=1, description="new /ws connections per client (key, or address without one) a minute; more are "
+        "closed with 1013")
     max_calls_per_client: int = Field(
-        4, ge=1, description="/ws calls in progress per client; more are closed with 1013")
+        4, ge=1, description="/ws calls in progress per client address (without a key); more are closed with 1013")
+    max_calls_per_key: int = Field(
+        0, ge=0, description="/ws calls in progress per API key (a gateway's many callers share one key); more are "
+        "closed with 1013; 0: no cap but server.max_sessions")
+    max_auth_failures_per_minute: int = Field(
+        10, ge=1, description="wrong keys, tokens or login cookies per client address a minute, on every route; "
+        "more get 429 (or close 1013) until the minute has passed")
     max_api_requests_per_minute: int = Field(
-        120, ge=1, description="/v1 requests (and /api/login attempts) per client a minute; more get 429")
+        120, ge=1, description="/v1 requests (and /api/login attempts) per client (key, or address without one) a "
+        "minute; more get 429")
     max_body_bytes: int = Field(
         1_048_576, ge=1024, description="largest HTTP request body; larger get 413")
     body_timeout_s: float = Field(
         30.0, gt=0, description="an HTTP request body must arrive whole within this; slower senders get 408")
+    start_timeout_s: float = Field(
+        10.0, gt=0, description="a WebSocket (/ws, phone media) that has not started its call (session.start, the "
+        "provider's `start`) this long after opening is closed (1008)")
     idle_timeout_s: float = Field(
-        60.0, gt=0, description="a /ws connection that sends nothing this long is closed (1001) as dead")
+        60.0, gt=0, description="a WebSocket (/ws, phone media) that sends nothing this long is closed (1001) as dead")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    @field_validator("api_keys", "allowed_origins", "trusted_proxies", mode="before")
+    @field_validator("api_keys", "allowed_hosts", "allowed_origins", "trusted_proxies", mode="before")
     @classmethod
     def _empty_list(cls, value: Any) -> Any:
         """An empty variable (compose's `${VOICE_AGENT_API_KEYS:-}`) is an empty list."""
         return [] if isinstance(value, str) and not value.strip() else value
+
+
+def public_url(setting: str, value: str) -> str:
+    """A public base URL: http(s), no query or fragment, no trailing slash."""
+    if value and not value.startswith(("https://", "http://")):
+        raise ValueError(f"{setting} must start with https:// (or http://), got {value!r}")
+    if "?" in value or "#" in value:
+        raise ValueError(f"{setting} takes no query or fragment")
+    return value.rstrip("/")
 
 
 class TwilioConfig(BaseModel):
@@ -88,6 +112,9 @@ class TwilioConfig(BaseModel):
         "does not show it, and signatures cover it); the media stream is its wss:// form")
     check_signatures: bool = Field(
         True, description="false accepts unsigned requests: for local testing only (a warning at start-up)")
+    stream_nonce_ttl_s: float = Field(
+        60.0, gt=0, description="the TwiML answer carries a one-use nonce for its stream's `start`; Twilio must open "
+        "the stream within this long (a captured stream cannot be replayed)")
     shared_keys: dict[str, SecretStr] = Field(
         default_factory=dict, description="SharedKey id -> secret, for webhooks whose X-Twilio-Webhooks-Signature-"
         "Settings names a key (HMAC-SHA256); a request naming no known key is checked with the auth token")
@@ -95,21 +122,33 @@ class TwilioConfig(BaseModel):
     @field_validator("public_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        if value and not value.startswith(("https://", "http://")):
-            raise ValueError(f"twilio.public_url must start with https:// (or http://), got {value!r}")
-        if "?" in value or "#" in value:
-            raise ValueError("twilio.public_url takes no query or fragment")
-        return value.rstrip("/")
+        return public_url("twilio.public_url", value)
 
 
 class TelnyxConfig(BaseModel):
-    """Telnyx media streaming (docs/phone.md). Telnyx does not sign the media socket: the operator puts a
-    secret token in the stream URL (`?token=...`) or sets it as the stream's streaming auth token."""
+    """Telnyx media streaming (docs/phone.md). Telnyx does not sign the media socket: each stream URL
+    (`?token=...`), or the stream's streaming auth token, carries a one-use token that expires, minted
+    with the operator's secret (POST /api/phone/telnyx-stream, or app.phone_telnyx.mint_token)."""
 
-    stream_token: SecretStr = Field(SecretStr(""), description="the secret every /telnyx/media connection must carry")
+    stream_token: SecretStr = Field(
+        SecretStr(""), description="the secret that signs the one-use, time-bound tokens every /telnyx/media "
+        "connection must carry")
+    public_url: str = Field(
+        "", description="the URL Telnyx reaches this server at, e.g. https://voice.example.com: the stream URLs "
+        "minted here name it, and its host is one this server answers to")
+    token_ttl_s: float = Field(60.0, gt=0, description="how long a minted stream token may wait for its connection")
+    allow_static_token: bool = Field(
+        False, description="also accept the secret itself as the token: replayable by whoever saw one stream URL "
+        "(a warning at start-up)")
     check_token: bool = Field(
         True, description="false accepts connections without the token: for local testing only (a warning at "
         "start-up)")
+
+
+    @field_validator("public_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return public_url("telnyx.public_url", value)
 
 
 class PhoneConfig(BaseModel):
@@ -120,6 +159,9 @@ class PhoneConfig(BaseModel):
         200, ge=20, le=5000, description="a mark after every this much reply audio (and at its end): the marks the "
         "provider echoes once played tell what the caller heard")
     max_frame_bytes: int = Field(65536, ge=1024, description="largest text frame from the provider")
+    max_connections_per_minute: int = Field(
+        600, ge=1, description="new media sockets per provider address a minute (a provider's few addresses carry "
+        "every caller); more are closed with 1013")
     max_media_payload_bytes: int = Field(
         16000, ge=160, description="largest decoded audio payload of one media frame (2 s of 8 kHz mu-law)")
 

@@ -61,5 +61,8 @@ def serve(app: FastAPI, settings: Settings) -> None:
     server = settings.server
     ws_max_size = max(server.max_frame_bytes, server.max_text_bytes, settings.phone.max_frame_bytes) * 4
     config = uvicorn.Config(app, host=server.host, port=server.port, log_level=server.log_level,
-                            ws_max_size=ws_max_size, timeout_graceful_shutdown=int(GRACE_S))
+                            ws_max_size=ws_max_size, timeout_graceful_shutdown=int(GRACE_S),
+                            # proxy headers are the app's to trust (server.trusted_proxies, app/main.py):
+                            # uvicorn's default trusts loopback, whose X-Forwarded-For anyone on it may write
+                            proxy_headers=False)
     DrainingServer(config, app.state.runtime).run()

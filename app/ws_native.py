@@ -19,6 +19,7 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketState
 
 from app.call_log import CallLog
+from app.guard import client_slot
 from app.metrics import Metrics
 from app.runtime import Runtime
 from app.wire import OutputAudioPlayed, SessionEnd, SessionStart, error_json, event_json, parse_client_text
@@ -130,6 +131,7 @@ class Connection:
     async def run(self) -> None:
         clock = self.runtime.clock
         deadline = clock.now() + self.settings.max_session_s
+        start_by = clock.now() + self.settings.start_timeout_s  # a socket that never starts its call is closed
         gone = asyncio.ensure_future(self.outbound.gone.wait())
         draining = asyncio.ensure_future(self.runtime.draining.wait())
         farewell: asyncio.Task[None] | None = None  # the goodbye once the server drains
@@ -141,6 +143,12 @@ class Connection:
                     await self.error("session_expired", f"calls are limited to {self.settings.max_session_s:.0f} s")
                     self.end_reason = "expired"
                     return await self.close(CLOSE_NORMAL)
+                if self.session is None and self.call_log is None:
+                    if clock.now() >= start_by:
+                        await self.error("start_timeout", f"the call was not started within "
+                                         f"{self.settings.start_timeout_s:g} s (server.start_timeout_s)")
+                        return await self.close(CLOSE_POLICY)
+                    remaining = min(remaining, start_by - clock.now())
                 # Whichever comes first: a message, a caller who stopped reading, or a session that
                 # failed (reported at once, not at the caller's next message).
                 if receive is None:
@@ -173,6 +181,9 @@ class Connection:
                     await self.error("too_many_errors", f"{self.errors} bad messages; closing the session")
                     self.end_reason = "too_many_errors"
                     return await self.close(CLOSE_POLICY)
+        except asyncio.CancelledError:  # the server is going down past its grace: the record says so
+            self.end_reason = "server_shutdown"
+            raise
         finally:
             gone.cancel()
             draining.cancel()
@@ -180,9 +191,19 @@ class Connection:
                 farewell.cancel()
             if receive is not None:
                 receive.cancel()
-            await self.stop_session()
-            if self.call_log is not None:
-                self.call_log.ended(self.end_reason, self.end_error)
+            self.release()  # the caller is gone: its slots are free now, not after the clean-up
+            try:
+                await self.stop_session()
+            finally:  # also when that wait is cut short: the call's end is written
+                if self.call_log is not None:
+                    self.call_log.ended(self.end_reason, self.end_error)
+
+    def release(self) -> None:
+        """Give back the call's slot in the server (server.max_sessions) and in its client's count."""
+        self.runtime.close_session(self.session_id)
+        slot = client_slot(getattr(self.websocket, "scope", {}))
+        if slot is not None:
+            slot.release()
 
     async def finish_for_shutdown(self) -> None:
         """The server is draining: let the reply in progress finish, until Runtime.drain_deadline,
@@ -255,6 +276,7 @@ class Connection:
             "output_audio": {"sample_rate": output_rate, "encoding": "pcm16"},
         })
         self.task = asyncio.create_task(self.session.run())
+        runtime.keep_call_task(self.task)
         log.info("%s started (input %d Hz, output %d Hz)", self.session_id, start.audio.sample_rate, output_rate)
 
     async def handle_audio(self, data: bytes) -> None:
@@ -275,10 +297,11 @@ class Connection:
     async def _session_crashed(self) -> None:
         assert self.task is not None
         exc = self.task.exception() if not self.task.cancelled() else None
-        log.error("%s: session failed: %r", self.session_id, exc)
+        log.error("%s: session failed: %r", self.session_id, exc, exc_info=exc)
         self.end_reason, self.end_error = "error", repr(exc)
         code = getattr(exc, "code", "internal_error")
-        await self.outbound.send_json(error_json(code, f"the session failed: {exc}; please reconnect"))
+        # the caller gets the code, not the exception's text (which may show the server's insides)
+        await self.outbound.send_json(error_json(code, f"the session failed ({code}); please reconnect"))
         await self.close(CLOSE_ERROR)
 
     async def stop_session(self) -> None:
@@ -291,6 +314,9 @@ class Connection:
             await asyncio.wait_for(asyncio.shield(task), 5.0)
         except TimeoutError:
             task.cancel()
+        except asyncio.CancelledError:
+            task.cancel()  # the call itself is being cut (a forced shutdown): its session stops with it
+            raise
         except Exception as exc:  # already reported or the caller is gone; keep the server up
             log.warning("%s ended with %r", self.session_id, exc)
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -322,12 +348,13 @@ async def ws_endpoint(websocket: WebSocket) -> None:
         return
     connection = Connection(websocket, runtime)
     runtime.open_session(connection.session_id, "ws")
+    runtime.keep_call_task(asyncio.current_task())
     try:
         await connection.run()
     except WebSocketDisconnect:
         pass
     finally:
-        runtime.close_session(connection.session_id)
+        connection.release()
         out = connection.outbound
         log.info("%s closed: %d replies, %d deadline misses, %d underruns", connection.session_id, out.turns,
                  out.deadline_misses, out.underruns)

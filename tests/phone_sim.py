@@ -108,9 +108,11 @@ async def twilio_webhook(base_url: str, public_url: str, auth_token: str | None,
 
 
 async def dial(base_url: str, ws_base: str, public_url: str, auth_token: str, caller: str = "+15550001111",
-               callee: str = "+15550002222") -> PhoneSim:
+               callee: str = "+15550002222", start: bool = True) -> PhoneSim:
     """A Twilio call from the start: the signed webhook, its TwiML, then the media socket it names,
-    reached at `ws_base` (as through a proxy) and signed over the public URL Twilio would call."""
+    reached at `ws_base` (as through a proxy) and signed over the public URL Twilio would call. Its
+    `start` hands back the TwiML's <Parameter>s (the one-use nonce among them); `start` False opens
+    the socket only (`begin()` starts the call)."""
     call_sid = "CA" + uuid.uuid4().hex
     response = await twilio_webhook(base_url, public_url, auth_token, {"CallSid": call_sid, "From": caller,
                                                                        "To": callee, "AccountSid": "AC" + "0" * 32})
@@ -118,7 +120,7 @@ async def dial(base_url: str, ws_base: str, public_url: str, auth_token: str, ca
     url, parameters = parse_twiml(response.text)
     sim = PhoneSim(ws_base + urlsplit(url).path, auth_token=auth_token, signed_url=url, parameters=parameters,
                    call_sid=call_sid)
-    await sim.connect()
+    await sim.connect(start=start)
     return sim
 
 

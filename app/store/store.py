@@ -90,6 +90,8 @@ class CallStore:
         recorder, if any, is closed in the background and its file kept with the call."""
         self._put(CallEnded(call_id, ended_at, end_reason, error))
         if recorder is not None:
+            if self._writer is None:  # closed: the recording is still written whole, but not listed
+                log.warning("call store: closed before call %s ended; its recording is not listed", call_id)
             task = asyncio.create_task(self._save_recording(call_id, recorder), name=f"recording-{call_id}")
             self._saving.add(task)
             task.add_done_callback(self._saving.discard)
@@ -112,7 +114,7 @@ class CallStore:
 
     async def _save_recording(self, call_id: str, recorder: CallRecorder) -> None:
         path = await recorder.close()
-        if path is not None:
+        if path is not None and self._writer is not None:
             self._put(RecordingSaved(call_id, path.relative_to(self.data_dir).as_posix()))
 
     @property
@@ -132,7 +134,7 @@ class CallStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._purger
             self._purger = None
-        if self._saving:
+        while self._saving:  # recordings of ended calls, each listed with its call before the writer stops
             await asyncio.gather(*self._saving, return_exceptions=True)
         if self._writer is not None:
             await self._writer.stop()

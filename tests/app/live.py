@@ -29,7 +29,8 @@ def fake_app(**server: Any) -> FastAPI:
 @contextmanager
 def live(app: FastAPI) -> Iterator[str]:
     """Serves `app`; yields its address as host:port."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
+                                           proxy_headers=False))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10

@@ -19,7 +19,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from app import access as access_module
-from app.access import Access, Keys, Tokens, check_exposure, load_keys
+from app.access import Access, AllowedHosts, Keys, Tokens, check_exposure, load_keys, origin_allowed
 from app.cli import main as cli_main
 from app.settings import ServerConfig
 from core.clock import FakeClock
@@ -33,7 +33,7 @@ BEARER = {"authorization": f"Bearer {KEY}"}
 
 
 async def client_for(**server: Any) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=fake_app(**server)), base_url="http://testserver")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=fake_app(**server)), base_url="http://127.0.0.1")
 
 
 @pytest.fixture
@@ -94,7 +94,9 @@ async def test_a_key_from_the_file_is_let_in(tmp_path: Path) -> None:
         assert (await client.get("/v1/models", headers={"authorization": "Bearer from-file"})).status_code == 200
 
 
-def test_keys_are_compared_in_constant_time_against_every_key(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_keys_are_compared_as_digests_of_one_length_against_every_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """hmac.compare_digest on the raw strings returns at once when the lengths differ: timing
+    would tell a key's length. Digests are 32 bytes whatever was sent."""
     compared: list[tuple[bytes, bytes]] = []
     real = access_module.hmac.compare_digest
 
@@ -103,10 +105,15 @@ def test_keys_are_compared_in_constant_time_against_every_key(monkeypatch: pytes
         return real(a, b)
 
     monkeypatch.setattr(access_module.hmac, "compare_digest", spy)
-    keys = Keys(["first", "second", "third"])
+    keys = Keys(["first", "second-and-longer", "third"])
     assert keys.check("first")
     assert len(compared) == 3  # the match on the first key does not end the loop early
-    assert not keys.check("fourth") and len(compared) == 6
+    for guess in ("", "x", "fourth", "y" * 5000):
+        assert not keys.check(guess)
+    assert len(compared) == 15
+    assert {(len(a), len(b)) for a, b in compared} == {(32, 32)}
+    assert keys.identify("second-and-longer") != keys.identify("first")
+    assert "second" not in (keys.identify("second-and-longer") or "")  # names the key by a hash, not the key
 
 
 async def test_a_key_is_never_logged(keyed: httpx.AsyncClient, caplog: pytest.LogCaptureFixture) -> None:
@@ -124,13 +131,13 @@ def test_a_session_token_is_used_once_and_expires() -> None:
     clock = FakeClock()
     access = Access(ServerConfig(api_keys=[KEY]), clock)
     tokens = access.session_tokens
-    token = tokens.issue()
-    assert tokens.take(token)
-    assert not tokens.take(token)  # once only
+    token = tokens.issue("key:abc")
+    assert tokens.take(token) == "key:abc"  # the client it was issued to
+    assert tokens.take(token) is None  # once only
     late = tokens.issue()
     clock.advance(60.5)
-    assert not tokens.take(late)  # expired after 60 s
-    assert not tokens.take("never-issued")
+    assert tokens.take(late) is None  # expired after 60 s
+    assert tokens.take("never-issued") is None
 
 
 def test_tokens_are_bounded() -> None:
@@ -245,6 +252,127 @@ async def test_ws_refuses_a_foreign_browser_origin_with_403() -> None:
             await _started(ws)
 
 
+# -- DNS rebinding: a page whose own name points at 127.0.0.1 ---------------------------------------
+
+REBOUND = [("GET", "/api/calls"), ("GET", "/qa"), ("GET", "/v1/models"), ("POST", "/v1/chat/completions"),
+           ("GET", "/metrics"), ("GET", "/"), ("GET", "/api/auth"), ("POST", "/api/session-token"),
+           ("GET", "/docs")]
+
+
+@pytest.mark.parametrize(("method", "path"), REBOUND)
+async def test_a_request_for_a_host_the_server_does_not_answer_to_is_refused(method: str, path: str) -> None:
+    async with await client_for() as client:
+        reply = await client.request(method, path, headers={"host": "attacker.example:8000"})
+        assert reply.status_code == 400, path
+        error = reply.json()["error"]
+        assert error["code"] == "host_not_allowed" and "server.allowed_hosts" in error["message"]
+        for host in ("127.0.0.1:8000", "localhost:8000", "[::1]:8000", "app.localhost"):
+            assert not _host_refused(await client.request(method, path, headers={"host": host})), (path, host)
+        assert not _host_refused(await client.get("/healthz", headers={"host": "10.1.2.3:8000"}))  # probes
+
+
+def _host_refused(reply: httpx.Response) -> bool:
+    return reply.status_code == 400 and reply.json().get("error", {}).get("code") == "host_not_allowed"
+
+
+async def test_allowed_hosts_add_names_and_suffixes() -> None:
+    async with await client_for(allowed_hosts=["voice.example.com", ".example.org"]) as client:
+        for host, status in (("voice.example.com", 200), ("VOICE.example.com.:443", 200), ("example.org", 200),
+                             ("a.b.example.org", 200), ("example.com", 400), ("evilexample.org", 400)):
+            assert (await client.get("/v1/models", headers={"host": host})).status_code == status, host
+    async with await client_for(allowed_hosts=["*"]) as anything:
+        assert (await anything.get("/v1/models", headers={"host": "attacker.example"})).status_code == 200
+
+
+async def test_ws_refuses_a_rebinding_host_and_origin_before_the_upgrade() -> None:
+    with live(fake_app()) as address:
+        port = int(address.rsplit(":", 1)[1])
+        rebound = f"ws://attacker.example:{port}/ws"
+        for origin in (None, websockets.Origin(f"http://attacker.example:{port}")):  # Origin = Host: its own page
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(rebound, host="127.0.0.1", port=port, origin=origin):
+                    pass
+            assert refused.value.response.status_code == 403
+            assert b"server.allowed_hosts" in refused.value.response.body
+        async with connect(f"ws://localhost:{port}/ws", host="127.0.0.1", port=port,
+                           origin=websockets.Origin(f"http://localhost:{port}")) as ws:
+            await _started(ws)
+
+
+def test_origin_equal_to_host_is_the_page_s_own_only_for_an_allowed_host() -> None:
+    hosts = AllowedHosts(["localhost", "127.0.0.1"])
+    assert origin_allowed("http://127.0.0.1:8000", "127.0.0.1:8000", [], hosts)
+    assert not origin_allowed("http://attacker.example:8000", "attacker.example:8000", [], hosts)
+    assert not origin_allowed("http://127.0.0.1:8000", "127.0.0.1:9000", [], hosts)
+    assert origin_allowed("https://app.example.com", "127.0.0.1", ["https://app.example.com"], hosts)
+    assert origin_allowed(None, "anything", [], hosts)  # not a browser
+
+
+# -- key guessing, per-key counts, paths, cookies ---------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/api/calls", "/qa", "/v1/models", "/metrics"])
+async def test_wrong_keys_are_limited_on_every_authenticated_route(path: str) -> None:
+    async with await client_for(api_keys=[KEY], max_auth_failures_per_minute=3) as client:
+        for n in range(3):
+            assert (await client.get(path, headers={"authorization": f"Bearer guess-{n}"})).status_code == 401
+        blocked = await client.get(path, headers=BEARER)  # even the right key waits out the minute
+        assert blocked.status_code == 429 and int(blocked.headers["retry-after"]) >= 1
+        assert blocked.json()["error"]["code"] == "too_many_failures"
+        assert (await client.post("/api/login", json={"key": KEY})).status_code == 429
+        assert (await client.get("/healthz")).status_code != 429  # open routes are not held back
+
+
+async def test_wrong_logins_count_as_wrong_keys() -> None:
+    async with await client_for(api_keys=[KEY], max_auth_failures_per_minute=2) as client:
+        for _ in range(2):
+            assert (await client.post("/api/login", json={"key": "guess"})).status_code == 401
+        assert (await client.get("/v1/models", headers=BEARER)).status_code == 429
+
+
+async def test_ws_wrong_keys_are_limited_too() -> None:
+    with live(fake_app(api_keys=[KEY], max_auth_failures_per_minute=2)) as address:
+        for _ in range(2):
+            async with connect(f"ws://{address}/ws", additional_headers={"authorization": "Bearer guess"}) as ws:
+                assert (await _close_of(ws))[0] == 1008
+        async with connect(f"ws://{address}/ws", additional_headers=BEARER) as ws:
+            code, reason = await _close_of(ws)
+        assert code == 1013 and "server.max_auth_failures_per_minute" in reason
+
+
+async def test_calls_with_a_key_count_per_key_not_per_address() -> None:
+    """A gateway's callers share its address and its key: the per-address cap is for keyless access."""
+    with live(fake_app(api_keys=[KEY, OTHER], max_calls_per_client=1, max_calls_per_key=2)) as address:
+        async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+            token = (await http.post("/api/session-token", headers=BEARER)).json()["token"]
+        async with connect(f"ws://{address}/ws", additional_headers=BEARER) as first, \
+                connect(f"ws://{address}/ws?token={token}") as second:  # minted with KEY: counts as KEY
+            await _started(first)
+            await _started(second)
+            async with connect(f"ws://{address}/ws", additional_headers=BEARER) as third:
+                code, reason = await _close_of(third)
+            assert code == 1013 and "server.max_calls_per_key" in reason
+            async with connect(f"ws://{address}/ws", additional_headers={"authorization": f"Bearer {OTHER}"}) as ws:
+                await _started(ws)  # another key has its own count
+
+
+async def test_the_guard_matches_the_path_starlette_routes_on() -> None:
+    """Served under a root path (a proxy's prefix, or mounted in another app), /voice/api/calls is
+    the route /api/calls, and needs its key."""
+    transport = httpx.ASGITransport(app=fake_app(api_keys=[KEY]), root_path="/voice")
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        assert (await client.get("/voice/api/calls")).status_code == 401
+        assert (await client.get("/voice/v1/models")).status_code == 401
+        assert (await client.get("/voice/v1/models", headers=BEARER)).status_code == 200
+
+
+async def test_the_login_cookie_is_secure_when_the_request_came_over_tls() -> None:
+    async with await client_for(api_keys=[KEY], trusted_proxies=["127.0.0.1"]) as client:
+        plain = await client.post("/api/login", json={"key": KEY})
+        assert "secure" not in plain.headers["set-cookie"].lower()
+        behind_tls = await client.post("/api/login", json={"key": KEY}, headers={"x-forwarded-proto": "https"})
+        assert "secure" in behind_tls.headers["set-cookie"].lower()
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -259,7 +387,9 @@ async def test_metrics_port_serves_metrics_without_a_key() -> None:
             assert (await http.get(f"http://{address}/metrics")).status_code == 401
             reply = await http.get(f"http://127.0.0.1:{port}/metrics")
             assert reply.status_code == 200 and "voice_agent" in reply.text
-            assert (await http.get(f"http://127.0.0.1:{port}/v1/models")).status_code == 404
+            # prometheus_client's server answers every path with the metrics: never with the API
+            other = await http.get(f"http://127.0.0.1:{port}/v1/models")
+            assert "voice_agent" in other.text and '"object"' not in other.text
 
 
 def test_keys_come_from_the_environment_as_a_json_list(monkeypatch: pytest.MonkeyPatch) -> None:

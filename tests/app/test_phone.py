@@ -51,9 +51,14 @@ class Line:
     def send(self, event: str, **body: Any) -> None:
         self.socket.text(json.dumps({"event": event, self.key: "MZ1", **body}))
 
-    def start(self) -> None:
+    def start(self, runtime: Runtime | None = None, nonce: str | None = None, call_sid: str = "CA1") -> None:
+        """The provider's `start`. Twilio's hands back the nonce of the TwiML that made the call: one
+        `runtime` mints (as the voice webhook does), or the one given."""
         if self.dialect is TWILIO:
-            self.send("start", start={"streamSid": "MZ1", "callSid": "CA1", "customParameters": {"From": "+1555"},
+            if nonce is None and runtime is not None:
+                nonce = runtime.stream_nonces.issue(call_sid)
+            parameters = {"From": "+1555", **({"nonce": nonce} if nonce is not None else {})}
+            self.send("start", start={"streamSid": "MZ1", "callSid": call_sid, "customParameters": parameters,
                                       "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}})
         else:
             self.send("start", start={"call_control_id": "v3:1", "custom_parameters": {},
@@ -87,9 +92,10 @@ def session_history(call: PhoneCall) -> list[str]:
 async def test_reply_audio_goes_out_in_20_ms_mulaw_frames_with_marks() -> None:
     llm = FakeLLM(["One two three four five."])
     line = Line()
-    call = PhoneCall(line.socket, phone_runtime(llm, ["Count to five."]), TWILIO)  # type: ignore[arg-type]
+    rt = phone_runtime(llm, ["Count to five."])
+    call = PhoneCall(line.socket, rt, TWILIO)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
-    line.start()
+    line.start(rt)
     line.speak(0.5, True)
     line.speak(0.5, False)
     await line.wait(lambda: any(f["event"] == "mark" and f["mark"]["name"] == "t1:500" for f in line.frames()))
@@ -120,7 +126,7 @@ async def test_echoed_marks_keep_the_heard_words_and_a_barge_in_clears_the_rest(
     rt = phone_runtime(llm, ["Tell me a story.", "Stop."], output_lead_ms=1500)
     call = PhoneCall(line.socket, rt, TWILIO)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
-    line.start()
+    line.start(rt)
     line.speak(0.5, True)
     line.speak(0.4, False)
     await line.wait(lambda: line.sent_ms() >= 1500)
@@ -155,7 +161,7 @@ async def test_bad_frames_are_counted_and_the_call_goes_on_until_too_many() -> N
     call = PhoneCall(line.socket, rt, TWILIO)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
     line.send("media", media={"payload": "AAAA"})  # before start
-    line.start()
+    line.start(rt)
     line.socket.audio(b"\x00" * 160)  # binary
     line.socket.text("{not json")
     line.send("media", media={"payload": "%%%"})  # not base64
@@ -190,6 +196,75 @@ async def test_a_telnyx_call_takes_snake_case_frames_and_its_keys() -> None:
     assert call.errors == 0
     line.send("stop")
     await asyncio.wait_for(runner, 5)
+
+
+@pytest.mark.parametrize("nonce", [None, "made-up", "used"])
+async def test_a_twilio_stream_without_the_nonce_of_its_twiml_is_refused(nonce: str | None) -> None:
+    """A replayed stream (same signature, same start parameters) hands back a used nonce; a forged
+    one, none or a made-up one. Each is closed 1008 before a call begins, and takes no slot."""
+    rt = phone_runtime(FakeLLM([]), [])
+    if nonce == "used":
+        nonce = rt.stream_nonces.issue("CA1")
+        first = Line()
+        first_call = PhoneCall(first.socket, rt, TWILIO)  # type: ignore[arg-type]
+        first_runner = asyncio.create_task(first_call.run())
+        first.start(nonce=nonce)
+        await first.wait(lambda: first_call.session is not None)
+        first.send("stop")
+        await asyncio.wait_for(first_runner, 5)
+    line = Line()
+    call = PhoneCall(line.socket, rt, TWILIO)  # type: ignore[arg-type]
+    runner = asyncio.create_task(call.run())
+    line.start(nonce=nonce)
+    await line.wait(lambda: line.socket.closed_with is not None)
+    assert line.socket.closed_with == 1008 and "nonce" in (line.socket.close_reason or "")
+    assert call.session is None and not rt.sessions and call.call_log is None
+    line.socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(runner, 5)
+    assert rt.metrics.registry.get_sample_value("voice_agent_errors_total", {"code": "bad_nonce"}) == 1
+
+
+async def test_a_nonce_is_bound_to_its_call() -> None:
+    rt = phone_runtime(FakeLLM([]), [])
+    line = Line()
+    call = PhoneCall(line.socket, rt, TWILIO)  # type: ignore[arg-type]
+    runner = asyncio.create_task(call.run())
+    line.start(nonce=rt.stream_nonces.issue("CA-another-call"))
+    await line.wait(lambda: line.socket.closed_with is not None)
+    assert line.socket.closed_with == 1008 and call.session is None
+    line.socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(runner, 5)
+
+
+async def test_a_phone_socket_takes_its_slot_at_start_and_is_closed_without_one() -> None:
+    """Before `start` a media socket holds no call slot; one that never starts is closed after
+    server.start_timeout_s."""
+    rt = phone_runtime(FakeLLM([]), [])
+    rt.settings.server.max_sessions = 1
+    rt.settings.server.start_timeout_s = 0.3
+    idle = Line()
+    waiting = PhoneCall(idle.socket, rt, TWILIO)  # type: ignore[arg-type]
+    idle_runner = asyncio.create_task(waiting.run())
+    idle.send("connected")
+    await asyncio.sleep(0.05)
+    assert not rt.sessions  # connected, not started: no slot taken
+    line = Line()
+    call = PhoneCall(line.socket, rt, TWILIO)  # type: ignore[arg-type]
+    runner = asyncio.create_task(call.run())
+    line.start(rt)
+    await line.wait(lambda: call.session is not None)
+    assert list(rt.sessions) == [call.session_id]
+    await asyncio.wait_for(idle_runner, 5)  # the silent socket was closed at its start timeout
+    assert idle.socket.closed_with == 1008 and "start" in (idle.socket.close_reason or "")
+    busy = Line()
+    refused = PhoneCall(busy.socket, rt, TWILIO)  # type: ignore[arg-type]
+    busy_runner = asyncio.create_task(refused.run())
+    busy.start(rt, call_sid="CA2")  # the one slot is taken: refused at its start
+    await busy.wait(lambda: busy.socket.closed_with is not None)
+    assert busy.socket.closed_with == 1013 and refused.session is None
+    for ln, task in ((busy, busy_runner), (line, runner)):
+        ln.socket.inbox.put_nowait({"type": "websocket.disconnect"})
+        await asyncio.wait_for(task, 5)
 
 
 @pytest.mark.parametrize(("frame", "code"), [

@@ -6,6 +6,7 @@ raises WebSocketDisconnect instead; tests/app/test_phone_sim.py sees the 403 ove
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,8 +17,9 @@ from starlette.websockets import WebSocketDisconnect
 from twilio.request_validator import RequestValidator
 
 from app.main import create_app
+from app.phone_tokens import mint_token
 from app.phone_twilio import stream_url, twiml
-from app.settings import Settings, TelnyxConfig, TwilioConfig
+from app.settings import ServerConfig, Settings, TelnyxConfig, TwilioConfig
 from pipeline.session import Backends
 from tests.phone_sim import parse_twiml, twilio_signature
 from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad
@@ -28,9 +30,10 @@ PARAMS = {"CallSid": "CA123", "From": '+1 "<Bob & Alice>"', "To": "+15550002222"
 
 
 def client_for(**sections: Any) -> TestClient:
-    settings = Settings(**sections)
+    """The app as the provider reaches it: at the public host (and the test client's WebSocket host, testserver)."""
+    settings = Settings(**{"server": ServerConfig(allowed_hosts=["voice.example.test", "testserver"]), **sections})
     backends = Backends(FakeVad(), FakeRecognizer([]), FakeSynthesizer(), FakeLLM([]))
-    return TestClient(create_app(settings, backends=backends))
+    return TestClient(create_app(settings, backends=backends), base_url="http://voice.example.test")
 
 
 @pytest.fixture
@@ -51,7 +54,10 @@ def test_a_signed_webhook_gets_twiml_that_connects_the_call(client: TestClient) 
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/xml")
     url, parameters = parse_twiml(response.text)
     assert url == "wss://voice.example.test/twilio/media"
+    nonce = parameters.pop("nonce")  # one-use, for the stream's `start` (tests/app/test_phone.py)
     assert parameters == {"CallSid": "CA123", "From": '+1 "<Bob & Alice>"', "To": "+15550002222"}
+    assert len(nonce) >= 32 and nonce != parse_twiml(post(client, twilio_signature(
+        TOKEN, PUBLIC + "/twilio/voice", PARAMS)).text)[1]["nonce"]  # a new one for every answer
     assert "&lt;Bob &amp; Alice&gt;" in response.text  # escaped, not raw markup
 
 
@@ -92,7 +98,7 @@ def test_the_sha256_variant_when_the_settings_header_asks_for_it(client: TestCli
 
 def test_the_media_socket_needs_the_signature_over_its_public_wss_url(client: TestClient) -> None:
     for headers in ({}, {"X-Twilio-Signature": "bm9wZQ=="},
-                    {"X-Twilio-Signature": twilio_signature(TOKEN, "ws://testserver/twilio/media")}):
+                    {"X-Twilio-Signature": twilio_signature(TOKEN, "ws://voice.example.test/twilio/media")}):
         with pytest.raises(WebSocketDisconnect) as denied, client.websocket_connect("/twilio/media",
                                                                                       headers=headers):
             pass
@@ -104,17 +110,39 @@ def test_the_media_socket_needs_the_signature_over_its_public_wss_url(client: Te
         assert socket.receive()["type"] == "websocket.close"
 
 
-def test_the_telnyx_socket_needs_the_stream_token(client: TestClient) -> None:
-    for path, headers in (("/telnyx/media", {}), ("/telnyx/media?token=guess", {}),
-                          ("/telnyx/media", {"x-telnyx-streaming-auth-token": "guess"})):
-        with pytest.raises(WebSocketDisconnect) as denied, client.websocket_connect(path, headers=headers):
-            pass
-        assert denied.value.code == 1008
-    for path, headers in (("/telnyx/media?token=telnyx-secret", {}),
-                          ("/telnyx/media", {"x-telnyx-streaming-auth-token": "telnyx-secret"})):
-        with client.websocket_connect(path, headers=headers) as socket:
-            socket.send_json({"event": "stop", "stream_id": "S1"})
-            assert socket.receive()["type"] == "websocket.close"
+def test_the_telnyx_socket_needs_a_fresh_token_minted_with_the_secret(client: TestClient) -> None:
+    def refused(path: str, headers: dict[str, str] | None = None) -> bool:
+        try:
+            with client.websocket_connect(path, headers=headers or {}) as socket:
+                socket.send_json({"event": "stop", "stream_id": "S1"})
+                assert socket.receive()["type"] == "websocket.close"
+        except WebSocketDisconnect as denied:
+            assert denied.code == 1008
+            return True
+        return False
+
+    now = time.time()
+    forged = mint_token("another-secret", 60, now)
+    expired = mint_token("telnyx-secret", 60, now - 120)
+    assert refused("/telnyx/media") and refused("/telnyx/media?token=guess")
+    assert refused("/telnyx/media", {"x-telnyx-streaming-auth-token": "guess"})
+    assert refused(f"/telnyx/media?token={forged}") and refused(f"/telnyx/media?token={expired}")
+    assert refused("/telnyx/media?token=telnyx-secret")  # the secret itself opens nothing: replayable
+    fresh = client.post("/api/phone/telnyx-stream").json()
+    assert fresh["url"].startswith("ws://voice.example.test/telnyx/media?token=") and fresh["expires_in"] == 60
+    assert not refused(fresh["url"].removeprefix("ws://voice.example.test"))
+    assert refused(fresh["url"].removeprefix("ws://voice.example.test"))  # once only: a replay is refused
+    header = mint_token("telnyx-secret", 60, now)
+    assert not refused("/telnyx/media", {"x-telnyx-streaming-auth-token": header})
+    assert refused("/telnyx/media", {"x-telnyx-streaming-auth-token": header})
+
+
+def test_the_static_telnyx_secret_opens_the_socket_only_when_allowed() -> None:
+    with client_for(telnyx=TelnyxConfig(stream_token="telnyx-secret", allow_static_token=True)) as allowing:
+        for _ in range(2):
+            with allowing.websocket_connect("/telnyx/media?token=telnyx-secret") as socket:
+                socket.send_json({"event": "stop", "stream_id": "S1"})
+                assert socket.receive()["type"] == "websocket.close"
 
 
 def test_without_an_auth_token_twilio_is_refused_and_unchecked_mode_answers_anyone() -> None:
@@ -125,7 +153,7 @@ def test_without_an_auth_token_twilio_is_refused_and_unchecked_mode_answers_anyo
     with client_for(twilio=TwilioConfig(check_signatures=False)) as local:
         response = post(local, None)
         assert response.status_code == 200
-        assert parse_twiml(response.text)[0] == "ws://testserver/twilio/media"  # the host it was asked on
+        assert parse_twiml(response.text)[0] == "ws://voice.example.test/twilio/media"  # the host it was asked on
 
 
 def test_twiml_and_stream_urls() -> None:

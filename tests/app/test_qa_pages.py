@@ -50,7 +50,8 @@ class _Links(HTMLParser):
 @pytest.fixture(scope="module")
 def client() -> TestClient:
     backends = Backends(FakeVad(), FakeRecognizer([]), FakeSynthesizer(), FakeLLM([]))
-    return TestClient(create_app(Settings(), backends=backends))  # no lifespan: no store is opened
+    # no lifespan: no store is opened
+    return TestClient(create_app(Settings(), backends=backends), base_url="http://127.0.0.1")
 
 
 @pytest.mark.parametrize("path", sorted(PAGES))

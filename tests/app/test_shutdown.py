@@ -149,16 +149,15 @@ async def test_a_phone_call_is_closed_1001_with_the_reason_and_v1_answers_503_wh
     runtime.ready.set()
     line = Line()
     call = PhoneCall(line.socket, runtime, TWILIO)  # type: ignore[arg-type]
-    runtime.open_session(call.session_id, "twilio")
     runner = asyncio.create_task(call.run())
-    line.start()
+    line.start(runtime)
     await asyncio.sleep(0.1)
+    assert list(runtime.sessions) == [call.session_id]  # the call took its slot at start
     drained = asyncio.create_task(runtime.drain(grace_s=1.0))
     await asyncio.wait_for(runner, 5)  # not replying: closed at once
-    runtime.close_session(call.session_id)
     await asyncio.wait_for(drained, 5)
     assert line.socket.closed_with == 1001 and line.socket.close_reason == "the server is shutting down"
     assert call.end_reason == "server_shutdown"
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
         response = await http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down"

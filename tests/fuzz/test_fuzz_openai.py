@@ -35,7 +35,7 @@ def client() -> Iterator[tuple[Loop, httpx.AsyncClient, Runtime]]:
     runtime = fake_runtime()
     app = create_app(runtime.settings, backends=runtime.backends)
     app.state.runtime.ready.set()  # the lifespan is not run here: the fake engines need no loading
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://fuzz")
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1")
     yield loop, client, app.state.runtime
     loop.run(client.aclose())
     loop.close()

@@ -7,15 +7,28 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from app.phone import PhoneCall
-from app.phone_wire import TELNYX, TWILIO, CallStart, Dialect, Dtmf, Media, Stop
+from app.phone_wire import (
+    DTMF_DIGITS,
+    TELNYX,
+    TWILIO,
+    CallStart,
+    Connected,
+    Dialect,
+    Dtmf,
+    Mark,
+    Media,
+    ProviderError,
+    Stop,
+)
 from app.runtime import Runtime
 from core.errors import ProtocolError
 from tests.app.test_ws_edges import FakeSocket
@@ -48,15 +61,51 @@ frames = {name: st.one_of(text_frames(t).map(lambda s: ("text", s)), binary_fram
           for name, t in TEMPLATES.items()}
 
 
+PARSE_CODES = {"invalid_json", "invalid_message", "unknown_event", "invalid_dtmf", "payload_too_large",
+               "invalid_audio_payload", "unsupported_media_format"}
+EVENTS: dict[type, str] = {Connected: "connected", CallStart: "start", Media: "media", Dtmf: "dtmf", Mark: "mark",
+                           Stop: "stop", ProviderError: "error"}
+
+
 @given(st.sampled_from(["twilio", "telnyx"]).flatmap(lambda n: st.tuples(st.just(n), text_frames(TEMPLATES[n]))))
+@example(("twilio", json.dumps(TEMPLATES["twilio"][1])))  # a whole start is rare among the mutations
+@example(("telnyx", json.dumps(TEMPLATES["telnyx"][0])))
 @fuzz_settings(3000)
 def test_parse_accepts_or_says_what_is_wrong(case: tuple[str, str]) -> None:
     CASES["phone parse"] += 1
     name, text = case
     try:
-        DIALECTS[name].parse(text, 4000)
+        frame = DIALECTS[name].parse(text, 4000)
     except ProtocolError as exc:
-        assert exc.code and str(exc)
+        assert exc.code in PARSE_CODES and str(exc), (exc.code, str(exc), name, text)
+        return
+    except Exception as exc:  # anything else would end the call with a crash, not a counted bad frame
+        pytest.fail(f"{type(exc).__name__}: {exc} for {name} {text!r}")
+    check_frame(name, json.loads(text), frame, 4000)
+
+
+def check_frame(name: str, raw: Any, frame: Any, limit: int) -> None:
+    """What is true of every accepted frame: it is the event the input names (Telnyx's `error` only
+    from Telnyx), and it carries the input's fields as they were."""
+    assert isinstance(raw, dict) and EVENTS[type(frame)] == raw["event"], (name, raw, frame)
+    if isinstance(frame, Media):
+        assert frame.payload == base64.b64decode(raw["media"]["payload"]), (name, raw, frame)
+        assert len(frame.payload) <= limit + 2 and frame.track == raw["media"].get("track"), (name, raw, frame)
+    elif isinstance(frame, Dtmf):
+        assert frame.digit == raw["dtmf"]["digit"] and frame.digit in DTMF_DIGITS, (name, raw, frame)
+    elif isinstance(frame, Mark):
+        assert frame.name == raw["mark"]["name"], (name, raw, frame)
+    elif isinstance(frame, CallStart):
+        start = raw["start"]
+        if name == "twilio":
+            ids, params = (start["streamSid"], start["callSid"]), start.get("customParameters", {})
+        else:
+            ids, params = (raw["stream_id"], start["call_control_id"]), start.get("custom_parameters", {})
+        assert (frame.stream_id, frame.call_id) == ids, (name, raw, frame)
+        assert frame.parameters == {k: v if isinstance(v, str) else json.dumps(v) for k, v in params.items()}, (
+            name, raw, frame)
+    elif isinstance(frame, ProviderError):
+        assert name == "telnyx" and frame.detail == json.dumps(raw.get("payload", raw))[:500], (name, raw, frame)
 
 
 @pytest.fixture(scope="module")
@@ -80,26 +129,57 @@ def errors_counted(runtime: Runtime) -> float:
                for s in m.samples if s.name == "voice_agent_errors_total")
 
 
-def expected_errors(dialect: Dialect, messages: list[tuple[str, Any]], limit: int) -> int:
-    """How many of `messages` are bad on their own (each must be counted)."""
-    bad, started = 0, False
+def with_nonces(runtime: Runtime, messages: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The messages with a nonce that the server issued (as its TwiML does) in each Twilio `start`'s
+    parameters, where they have an object for them: a stream that came from this server's TwiML."""
+    signed = []
+    for kind, payload in messages:
+        try:
+            raw = json.loads(payload) if kind == "text" else None
+        except ValueError:
+            raw = None
+        start = raw.get("start") if isinstance(raw, dict) and raw.get("event") == "start" else None
+        if isinstance(start, dict) and isinstance(start.get("customParameters", {}), dict):
+            owner = start.get("callSid") if isinstance(start.get("callSid"), str) else ""
+            start["customParameters"] = {**start.get("customParameters", {}),
+                                         "nonce": runtime.stream_nonces.issue(owner)}
+            payload = json.dumps(raw)
+        signed.append((kind, payload))
+    return signed
+
+
+def expected_errors(dialect: Dialect, messages: list[tuple[str, Any]], limit: int,
+                    nonced: bool) -> tuple[int, bool]:
+    """How many errors the call must count (voice_agent_errors_total), following PhoneCall.handle:
+    each bad frame; a Twilio `start` without its TwiML's nonce (unless `nonced`), which starts no
+    call; a provider's error report; and, at MAX_ERRORS bad frames, the closing too_many_errors.
+    And whether a call began."""
+    counted, bad, started = 0, 0, False
     for kind, payload in messages:
         if kind == "bytes":
-            bad += 1
-            continue
-        try:
-            frame = dialect.parse(payload, limit)
-        except ProtocolError:
-            bad += 1
-            continue
+            frame = None
+        else:
+            try:
+                frame = dialect.parse(payload, limit)
+            except ProtocolError:
+                frame = None
         if isinstance(frame, Stop):
             break
-        if isinstance(frame, CallStart):
-            bad += started
-            started = True
-        elif isinstance(frame, Media | Dtmf):
-            bad += not started
-    return bad
+        if isinstance(frame, ProviderError):
+            counted += 1
+            continue
+        if isinstance(frame, CallStart) and not started and dialect.name == "twilio" and not (
+                nonced and frame.parameters.get("nonce")):
+            counted += 1  # refused: no nonce (the call is closed 1008; the frames after it still count)
+            continue
+        if frame is None or (isinstance(frame, CallStart) and started) or (
+                isinstance(frame, Media | Dtmf) and not started):
+            counted, bad = counted + 1, bad + 1
+            if bad >= MAX_ERRORS:
+                return counted + 1, started  # too_many_errors, and the call is closed
+            continue
+        started = started or isinstance(frame, CallStart)
+    return counted, started
 
 
 async def hostile_call(runtime: Runtime, dialect: Dialect, messages: list[tuple[str, Any]]) -> FakeSocket:
@@ -113,18 +193,29 @@ async def hostile_call(runtime: Runtime, dialect: Dialect, messages: list[tuple[
     return socket
 
 
-@given(st.sampled_from(["twilio", "telnyx"]).flatmap(lambda n: st.tuples(st.just(n), st.lists(frames[n], max_size=8))))
+@given(st.sampled_from(["twilio", "telnyx"]).flatmap(lambda n: st.tuples(st.just(n), st.lists(frames[n], max_size=8))),
+       st.booleans())
 @fuzz_settings(1000)
 def test_every_bad_frame_is_counted_and_the_call_goes_on(
-        shared: tuple[Loop, Runtime, GoodCaller], case: tuple[str, list[tuple[str, Any]]]) -> None:
+        shared: tuple[Loop, Runtime, GoodCaller], case: tuple[str, list[tuple[str, Any]]], nonced: bool) -> None:
+    """Hostile provider sockets, Twilio's with and without the nonce of a TwiML answer: every
+    error is counted, exactly, and a `start` without a valid nonce begins no call."""
     CASES["phone call"] += 1
     loop, runtime, _ = shared
     name, messages = case
+    if nonced and name == "twilio":
+        messages = with_nonces(runtime, messages)
     before = errors_counted(runtime)
+    sessions_before = runtime.metrics.registry.get_sample_value("voice_agent_sessions_total",
+                                                                {"transport": name}) or 0.0
     socket = loop.run(hostile_call(runtime, DIALECTS[name], messages))
-    want = expected_errors(DIALECTS[name], messages, runtime.settings.phone.max_media_payload_bytes)
-    assert errors_counted(runtime) - before >= min(want, MAX_ERRORS), messages
+    want, should_start = expected_errors(DIALECTS[name], messages, runtime.settings.phone.max_media_payload_bytes,
+                                         nonced)
+    assert errors_counted(runtime) - before == want, messages
     assert socket.closed_with in (None, 1000, 1008), socket.close_reason
+    started = (runtime.metrics.registry.get_sample_value("voice_agent_sessions_total", {"transport": name}) or 0.0
+               ) - sessions_before
+    assert started == should_start, messages  # a Twilio start without its nonce begins no call
 
 
 def test_the_well_behaved_caller_was_answered_correctly_throughout(shared: tuple[Loop, Runtime, GoodCaller]) -> None:

@@ -4,6 +4,7 @@ history, latency marks) without models. Named as fakes: never used by the servic
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 
 import numpy as np
@@ -91,7 +92,12 @@ class FakeConversation:
         self.llm.deadlines.append(at)
 
     async def aclose(self) -> None:
-        return None
+        """A conversation's clean-up: instant, or as slow as the fake LLM is told (close_delay_s, and
+        close_gate: a threading.Event that must be set first)."""
+        self.llm.closing += 1
+        await asyncio.sleep(self.llm.close_delay_s)
+        while self.llm.close_gate is not None and not self.llm.close_gate.is_set():
+            await asyncio.sleep(0.01)
 
 
 class FakeLLM:
@@ -103,6 +109,9 @@ class FakeLLM:
         self.token_delay = token_delay
         self.caps: list[int | None] = []
         self.deadlines: list[float | None] = []  # every set_deadline, in order
+        self.close_delay_s = 0.0
+        self.close_gate: threading.Event | None = None
+        self.closing = 0  # conversations whose clean-up has begun
 
     def conversation(self) -> FakeConversation:
         return FakeConversation(self)
