@@ -194,7 +194,10 @@ class Connection:
             self.release()  # the caller is gone: its slots are free now, not after the clean-up
             try:
                 await self.stop_session()
-            finally:  # also when that wait is cut short: the call's end is written
+            except asyncio.CancelledError:  # the clean-up was cut short by a forced shutdown
+                self.end_reason = "server_shutdown"
+                raise
+            finally:  # in every case the call's end is written
                 if self.call_log is not None:
                     self.call_log.ended(self.end_reason, self.end_error)
 

@@ -161,3 +161,51 @@ async def test_a_phone_call_is_closed_1001_with_the_reason_and_v1_answers_503_wh
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as http:
         response = await http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert response.status_code == 503 and response.json()["error"]["code"] == "shutting_down"
+
+
+async def test_a_call_cut_by_a_forced_shutdown_is_still_recorded_as_ended(tmp_path: Path) -> None:
+    """uvicorn cancels the calls still running past its graceful timeout. A call whose clean-up
+    is that slow (here the fake LLM's conversation never lets go) still gets its end and its
+    recording written: the runtime waits for the calls before it closes the store."""
+    import threading
+
+    import uvicorn
+
+    from app.main import create_app
+    from tests.app.fake_server import fake_backends
+
+    settings = Settings(storage=StorageConfig(data_dir=str(tmp_path), recordings=True))
+    backends = fake_backends(0.001)
+    gate = threading.Event()
+    backends.llm.close_gate = gate  # type: ignore[attr-defined]
+    app = create_app(settings, backends=backends)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
+                                           proxy_headers=False, timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        async with websockets.connect(f"ws://127.0.0.1:{port}/ws") as ws:
+            await ws.send(START)
+            call_id = json.loads(await ws.recv())["session_id"]
+            for _ in range(25):  # half a second of the caller's line, for the recording
+                await ws.send(np.full(320, 3000, dtype="<i2").tobytes())
+            await asyncio.sleep(0.2)
+            server.should_exit = True  # shutdown: the socket is closed, its clean-up hangs, uvicorn cancels it
+            await asyncio.to_thread(thread.join, 30)
+        assert not thread.is_alive()
+    finally:
+        gate.set()
+        server.should_exit = True
+    store = CallStore(settings.storage)
+    await store.open()
+    try:
+        kept = await store.get_call(call_id)
+    finally:
+        await store.close()
+    assert kept is not None
+    call, _ = kept
+    assert call.ended_at is not None and call.end_reason == "server_shutdown", call
+    assert call.recording is not None and (tmp_path / call.recording).is_file()
