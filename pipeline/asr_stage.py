@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from typing import Any
 
@@ -41,6 +42,7 @@ from pipeline.events import (
 )
 
 _END = object()
+log = logging.getLogger(__name__)
 
 
 async def asr_stage(
@@ -64,23 +66,29 @@ async def asr_stage(
         return task
 
     async def partial(turn_id: int, audio: np.ndarray) -> None:
-        with contextlib.suppress(VoiceAgentError):  # a failed interim transcript is only skipped
+        try:
             text = await worker.run(recognizer.transcribe, audio, config.interim_beam_size)
-            if turn_id not in finalized and text:
-                await out.put(TranscriptPartial(turn_id, text, clock.now()))
+        except Exception as exc:  # a failed interim transcript is only skipped
+            log.warning("turn %d: an interim transcript failed (%s: %s); skipped", turn_id, type(exc).__name__, exc)
+            return
+        if turn_id not in finalized and text:
+            await out.put(TranscriptPartial(turn_id, text, clock.now()))
 
     async def final(turn_id: int, early: asyncio.Future[str] | None, audio: np.ndarray) -> None:
         try:
             text = await early if early is not None else await worker.run(recognizer.transcribe, audio)
-        except VoiceAgentError as exc:  # the turn gets no reply; the caller hears why, the call goes on
-            await out.put(ErrorEvent(exc.code, f"speech recognition failed: {exc}", turn_id))
+        except Exception as exc:  # any failure: the turn gets no reply, the caller hears why, the call goes on
+            code = exc.code if isinstance(exc, VoiceAgentError) else "asr_failed"
+            log.error("turn %d: speech recognition failed: %s: %s", turn_id, type(exc).__name__, exc,
+                      exc_info=not isinstance(exc, VoiceAgentError))
+            await out.put(ErrorEvent(code, "speech recognition failed; please say that again", turn_id))
             text = ""
         await out.put(TranscriptFinal(turn_id, text, clock.now()))
 
     async def announce(turn_id: int, early: asyncio.Future[str]) -> None:
         """The transcript made at a pause, if it is ready while the pause lasts: a preemptive reply
         can start on it."""
-        with contextlib.suppress(VoiceAgentError, asyncio.CancelledError):
+        with contextlib.suppress(Exception, asyncio.CancelledError):  # a failure is final()'s to report
             text = await asyncio.shield(early)
             if turn_id not in finalized and not early.cancelled() and text:
                 await out.put(TranscriptEarly(turn_id, text, clock.now()))

@@ -62,3 +62,38 @@ async def test_interim_transcripts_only_while_the_bot_talks_unless_asked() -> No
     assert await partials(bot_talking=True, while_idle=False) > 0
     assert await partials(bot_talking=False, while_idle=False) == 0  # the final is never held up by one
     assert await partials(bot_talking=False, while_idle=True) > 0
+
+
+class BrokenRecognizer(FakeRecognizer):
+    """A fake recognizer that fails with a plain exception (not the project's own error) at first."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__(["hello again"])
+        self.failures = failures
+
+    def transcribe(self, audio: np.ndarray, beam_size: int | None = None) -> str:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("ctranslate2 fell over")
+        return super().transcribe(audio, beam_size)
+
+
+async def test_any_recognizer_failure_ends_the_turn_with_an_error_and_the_next_turn_is_heard() -> None:
+    from pipeline.events import ErrorEvent, SpeechAudio, TranscriptFinal
+
+    async def two_turns() -> AsyncIterator[SpeechEvent]:
+        for turn_id in (1, 2):
+            yield SpeechStarted(turn_id, 0.0, 0.0)
+            yield SpeechAudio(turn_id, np.full(16000, 0.1, np.float32))
+            yield SpeechStopped(turn_id, 0.0, 0.0, 0.0)
+            await asyncio.sleep(0.05)
+
+    worker = ModelWorker("asr")
+    events = [e async for e in asr_stage(two_turns(), BrokenRecognizer(failures=1), worker,
+                                         AsrStageConfig(partials=False), MonotonicClock())]
+    worker.shutdown()
+    errors = [e for e in events if isinstance(e, ErrorEvent)]
+    finals = [(e.turn_id, e.text) for e in events if isinstance(e, TranscriptFinal)]
+    assert [(e.turn_id, e.code) for e in errors] == [(1, "asr_failed")]
+    assert "ctranslate2" not in errors[0].message  # the caller is told what happened, not the engine's insides
+    assert finals == [(1, ""), (2, "hello again")]
