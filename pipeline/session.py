@@ -212,6 +212,7 @@ class Session:
         self.digits: list[str] = []  # keys pressed, not yet answered
         self.last_digit_at = 0.0
         self.dtmf_timer: asyncio.Task[None] | None = None
+        self.closed = False  # the caller has gone: nothing new starts (a keypad turn in flight included)
 
     # -- the input line --------------------------------------------------------------------------
     async def run(self) -> None:
@@ -228,6 +229,7 @@ class Session:
                 async for event in events:
                     await self._on_input(event)
         finally:
+            self.closed = True
             self._release_reply()
             if self.preparing is not None:
                 self.preparing.cancel()
@@ -246,7 +248,12 @@ class Session:
         if isinstance(event, SpeechStarted):
             self.last_started = max(self.last_started, event.turn_id)
             await self.outbound.send_event(event)
-            if self.reply is not None:
+            reply = self.reply
+            if reply is not None and reply.preemptive and not reply.confirmed.is_set():
+                # a new turn before the last one's reply was confirmed: that reply answers words the
+                # caller has since added to (they join this turn), and nobody heard it
+                await self._discard_preemptive(reply, "the caller spoke again")
+            elif reply is not None:
                 self._hold_reply(event.turn_id)
             return
         if isinstance(event, SpeechStopped):
@@ -389,6 +396,8 @@ class Session:
         """A key pressed on the caller's phone. Keys interrupt the bot like words; they are collected
         until none comes for `session.dtmf_timeout_ms`, then answered as the caller's turn."""
         cfg = self.config.session
+        if self.closed:
+            return
         if len(self.digits) >= cfg.max_dtmf_digits:
             log.warning("more than %d keys in one turn; %r dropped", cfg.max_dtmf_digits, digit)
             return
@@ -422,7 +431,7 @@ class Session:
         if reply is not None and reply.preemptive and not reply.confirmed.is_set():
             await self._discard_preemptive(reply, "the caller pressed keys")  # nobody heard it
         await self.outbound.send_event(TranscriptFinal(turn.turn_id, text, now))
-        await self._start_reply(turn, text)
+        await self._start_reply(turn, text)  # not if the caller hung up meanwhile (_start_reply checks)
 
     def _prepare(self, messages: tuple[ChatMessage, ...]) -> None:
         """Give the LLM a head start: prefill the conversation so far (and the caller's words while
@@ -445,6 +454,9 @@ class Session:
         """Start the reply line for the caller's words. A preemptive reply (at a pause, on the early
         transcript) runs the LLM and TTS at once but sends nothing until `_confirm`; its words join
         the history only then."""
+        if self.closed:
+            log.info("turn %d: not answered: the caller has gone", turn.turn_id)
+            return
         self._release_reply()
         await self._cancel_reply("interrupted")
         user = ChatMessage("user", text)
@@ -500,8 +512,6 @@ class Session:
         """Drop a preemptive reply nobody heard. The LLM's cache keeps the prompt, so a reply to the
         longer turn recomputes only what changed."""
         log.info("turn %d: preemptive reply dropped (%s) after %d words", reply.turn.turn_id, why, reply.words)
-        self.discarded += 1
-        self.discarded_words += reply.words
         await self._cancel_reply("interrupted", send=False)
 
     def _prompt(self) -> tuple[ChatMessage, ...]:
@@ -685,10 +695,16 @@ class Session:
 
     async def _cancel_reply(self, status: str, send: bool = True, keep: bool = False) -> None:
         """Stop the reply in progress. `send`: tell the caller (response.done); `keep`: without
-        telling, still hand the turn to on_turn (its record) when some of its audio was sent."""
+        telling, still hand the turn to on_turn (its record) when some of its audio was sent. A
+        preemptive reply not yet confirmed was never heard, whoever stops it (the caller went on,
+        spoke again, pressed keys, hung up): it is only counted as discarded, never reported."""
         reply = self.reply
         if reply is None:
             return
+        if not reply.confirmed.is_set():
+            self.discarded += 1
+            self.discarded_words += reply.words
+            send = keep = False
         self.generation += 1
         self.reply = None
         for task in reply.tasks:

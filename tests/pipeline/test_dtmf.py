@@ -104,3 +104,35 @@ async def test_keys_beyond_the_limit_are_dropped() -> None:
 
 def test_dtmf_text_reads_as_a_sentence() -> None:
     assert dtmf_text(["4", "2", "#"]) == "The caller pressed 4 2 # on the phone keypad."
+
+
+class HeldOutbound(RecordingOutbound):
+    """Holds the keypad turn's transcript event until told to let it go (the transport is slow)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def send_event(self, event: object) -> None:
+        if isinstance(event, TranscriptFinal):
+            self.holding.set()
+            await self.release.wait()
+        await super().send_event(event)  # type: ignore[arg-type]
+
+
+async def test_a_caller_who_hangs_up_while_a_keypad_turn_starts_gets_no_reply() -> None:
+    llm = FakeLLM(["You pressed five."])
+    session, _ = keypad_session(llm, [])
+    out = HeldOutbound()
+    session.outbound = out
+    task = asyncio.create_task(session.run())
+    await session.on_dtmf("5")
+    await asyncio.wait_for(out.holding.wait(), 5)  # the keys were judged complete; their turn is starting
+    await session.audio_in.put(None)  # the caller hangs up
+    await asyncio.wait_for(task, 5)
+    out.release.set()
+    await asyncio.sleep(0.3)
+    await session.on_dtmf("6")  # a key that arrives after the hang-up
+    await asyncio.sleep(0.5)
+    assert not llm.requests and session.reply is None and session.dtmf_timer is None

@@ -21,6 +21,7 @@ from pipeline.events import (
     ResponseDone,
     SpeechStarted,
     SpeechStopped,
+    TranscriptEarly,
     TranscriptFinal,
 )
 from pipeline.session import Backends, PipelineConfig, Session
@@ -532,3 +533,34 @@ async def test_a_preemptive_replys_error_waits_for_the_end_of_the_turn_like_its_
     assert errors and min(errors) > stopped  # nothing about the reply before the turn was over
     await session.audio_in.put(None)
     await task
+
+
+async def test_a_preemptive_reply_overtaken_by_new_speech_is_dropped_unreported() -> None:
+    """The turn ended at a pause and its preemptive reply is ready, but the caller starts a new turn
+    before the final transcript confirms it: nobody heard that reply, so no response.done and no
+    turn record for it; it is counted as discarded with the reply that answers them."""
+    llm = FakeLLM(["A reply nobody will hear, it is long enough to still be going.", "Both parts answered."])
+    session, out = make_session(llm, [])
+    turns: list[ResponseDone] = []
+    session.on_turn = turns.append
+    session.preparing = asyncio.create_task(asyncio.sleep(0))
+    now = session.clock.now
+    await session._on_input(SpeechStarted(1, now(), 0.0))
+    await session._on_input(TranscriptEarly(1, "Tell me", now()))  # the pause: a preemptive reply starts
+    assert session.reply is not None and session.reply.preemptive
+    await asyncio.sleep(0.05)  # it is being written
+    await session._on_input(SpeechStopped(1, now(), 900.0, now()))
+    await session._on_input(SpeechStarted(2, now(), 1000.0))  # the caller goes on, a new turn
+    await asyncio.sleep(0.3)  # past any hold: what the bot would do with a reply it holds
+    await session._on_input(TranscriptFinal(1, "Tell me", now()))  # joins the turn the caller went on with
+    assert not done_events(out) and not turns, "an unheard preemptive reply was reported"
+    await session._on_input(SpeechStopped(2, now(), 2000.0, now()))
+    await session._on_input(TranscriptFinal(2, "a joke", now()))
+    await out.wait(lambda: done_events(out))
+    (done,) = done_events(out)
+    assert done.turn_id == 2 and not done.preemptive and done.discarded == 1
+    assert done.user_text == "Tell me a joke" and done.text == "Both parts answered."
+    assert [r[-1].content for r in llm.requests] == ["Tell me", "Tell me a joke"]
+    assert turns == [done]
+    await session._cancel_reply("interrupted", send=False)
+    await session.conversation.aclose()
