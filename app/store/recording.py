@@ -6,8 +6,12 @@ few seconds of audio (`spill_bytes`) the lists are handed to one background thre
 them to `rate`, places them on the timeline and writes them as 16-bit PCM into one sparse temporary
 file per channel (a position in the file is a moment in the call; what is never written reads as
 silence). `close()` interleaves the two files into `<data_dir>/recordings/<call>.wav` in that thread.
-Memory is bounded by spill_bytes per channel (plus what the thread is writing); a call is recorded
-for its first `max_s` seconds.
+A call is recorded for its first `max_s` seconds.
+
+Memory is bounded per recorder: audio held on the audio path by spill_bytes, audio handed to the
+thread and not yet written by max_behind_bytes. When the disk falls that far behind, new audio is
+dropped instead of queued (the recording has a silent gap there, `dropped_s` long, logged once): a
+slow disk never grows the process.
 
 Placement:
 - caller audio that arrives at monotonic time `at` ends there: a frame of d seconds starts at at - d.
@@ -33,6 +37,7 @@ import asyncio
 import logging
 import os
 import tempfile
+import threading
 import wave
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -65,7 +70,7 @@ class _Track:
 
 class CallRecorder:
     def __init__(self, path: Path, started_at: float, *, rate: int = 16000, max_s: float = 3600.0,
-                 spill_bytes: int = 1 << 20, tolerance_s: float = 0.1) -> None:
+                 spill_bytes: int = 1 << 20, max_behind_bytes: int = 4 << 20, tolerance_s: float = 0.1) -> None:
         self.path = path  # the WAV, written by close()
         self.rate = rate
         self._t0 = started_at
@@ -75,6 +80,10 @@ class CallRecorder:
         self._caller: list[Entry] = []
         self._bot: list[Entry] = []
         self.pending_bytes = 0  # audio held in memory, not yet handed to the writing thread
+        self._max_behind = max_behind_bytes
+        self.behind_bytes = 0  # audio handed to the thread, not yet written (read on both threads)
+        self._behind_lock = threading.Lock()
+        self.dropped_s = 0.0  # audio dropped because the thread fell behind
         self._tracks = (_Track(is_caller=True), _Track(is_caller=False))
         self._closed = False
         self._result: asyncio.Future[Path | None] | None = None
@@ -117,7 +126,33 @@ class CallRecorder:
         return caller, bot
 
     def _spill(self) -> None:
-        _WRITER.submit(self._write_entries, *self._take())
+        size = self.pending_bytes
+        if self.behind_bytes + size > self._max_behind:
+            self._drop_pending()
+            return
+        with self._behind_lock:
+            self.behind_bytes += size
+        _WRITER.submit(self._write_spilled, size, *self._take())
+
+    def _drop_pending(self) -> None:
+        """The thread is max_behind_bytes behind: the audio held here is dropped (a bot_stopped mark is
+        kept, it costs nothing), so the recording has silence there and memory stays bounded."""
+        if not self.dropped_s:
+            log.warning("recording %s: the disk is %d bytes behind; audio is dropped until it catches up",
+                        self.path.name, self.behind_bytes)
+        lost = [sum(len(samples) / rate for _, rate, samples in entries if samples is not None)
+                for entries in (self._caller, self._bot)]
+        self.dropped_s += max(lost)  # the stretch of the call the recording misses
+        self._caller.clear()
+        self._bot[:] = [e for e in self._bot if e[2] is None]
+        self.pending_bytes = 0
+
+    def _write_spilled(self, size: int, caller: list[Entry], bot: list[Entry]) -> None:
+        try:
+            self._write_entries(caller, bot)
+        finally:
+            with self._behind_lock:
+                self.behind_bytes -= size
 
     # Everything below runs in the recorder's thread.
 

@@ -111,3 +111,28 @@ async def test_a_call_with_no_audio_leaves_no_file(tmp_path: Path) -> None:
     assert await recorder.close() is None
     assert list(tmp_path.iterdir()) == []
     recorder.caller(tone(0.1), RATE, at=T0 + 1)  # after close: ignored
+
+
+async def test_a_disk_that_falls_behind_costs_a_gap_in_the_recording_not_memory(tmp_path: Path) -> None:
+    """The writing thread is held (a stalled disk) while a minute of audio comes in: what waits for
+    it stays within max_behind_bytes, and the rest is dropped, counted, and silent in the WAV."""
+    import threading
+
+    from app.store import recording
+
+    stalled = threading.Event()
+    recording._WRITER.submit(stalled.wait, 30)  # the one writing thread is busy until released
+    try:
+        recorder = CallRecorder(tmp_path / "c.wav", T0, spill_bytes=64_000, max_behind_bytes=256_000)
+        frame = tone(0.02, freq=200)
+        most = 0
+        for n in range(3000):  # 60 s
+            recorder.caller(frame, RATE, at=T0 + (n + 1) * 0.02)
+            most = max(most, recorder.pending_bytes + recorder.behind_bytes)
+        assert most <= 64_000 + 256_000 + frame.nbytes
+        assert recorder.dropped_s > 40
+    finally:
+        stalled.set()
+    left, _ = read_wav(await recorder.close() or Path("missing"))
+    assert np.sqrt((left[:RATE] ** 2).mean()) > 0.3  # what was queued before the stall is there
+    assert np.abs(left[30 * RATE:31 * RATE]).max() < 0.01  # then a gap
