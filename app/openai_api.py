@@ -185,7 +185,8 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         # Counted from here to this generator's end, however it ends: finished, closed by the
         # response, or finalized by the event loop when a client vanished before the body started.
         runtime.api_requests += 1
-        conversation = runtime.backends.llm.conversation()  # type: ignore[union-attr]
+        # bounded apart from the calls': a /v1 prompt never takes the cache a call needs
+        conversation = runtime.backends.llm.conversation(llm_cfg.api_context_tokens)  # type: ignore[union-attr]
         matcher = StopMatcher(stops)
         try:
             stream = conversation.stream(messages, params)

@@ -223,7 +223,8 @@ def load_backends(settings: Settings, clock: Clock, say: object = print) -> Back
     remote = f"{llm_cfg.remote_model or 'the served model'} at {llm_cfg.base_url}"
     where = llm_cfg.model if llm_cfg.engine == "embedded" else remote
     report(f"loading LLM ({llm_cfg.engine}, {where})")
-    llm = registry.load_llm(llm_cfg, clock, sequences=settings.server.max_sessions)
+    llm = registry.load_llm(llm_cfg, clock, sequences=settings.server.max_sessions,
+                            api_sequences=settings.server.max_api_requests)
     warm_up = getattr(llm, "warm_up", None)
     if callable(warm_up):
         warm_up(settings.session.system_prompt)

@@ -80,7 +80,13 @@ class LlmConfig(BaseModel):
     threads: int = Field(
         0, ge=0, description="LLM threads (0: every core; the LLM yields the cores to a caller's final "
         "transcript between steps, so no thread waits for another engine's)")
-    max_context_tokens: int = Field(4096, ge=256)
+    max_context_tokens: int = Field(
+        4096, ge=256, description="the most tokens a call's conversation holds (prompt and reply); the embedded "
+        "engine's KV cache has room for server.max_sessions of them")
+    api_context_tokens: int = Field(
+        2048, ge=64, description="the most tokens one /v1 chat completion holds (prompt and reply; a longer prompt is "
+        "a 400); the embedded engine's KV cache has room for server.max_api_requests of them besides the calls', "
+        "so /v1 can never crowd out a call")
     temperature: float = Field(0.7, ge=0.0, le=2.0)
     top_p: float = Field(0.8, gt=0.0, le=1.0)
     top_k: int = Field(20, ge=0)

@@ -73,7 +73,10 @@ class LlamaCppLM:
     runtime = "llama.cpp"
 
     def __init__(self, path: str, *, threads: int, context_tokens: int = 4096, sequences: int = 8,
-                 batch: int = 512, max_prefixes: int = 4, name: str | None = None) -> None:
+                 api_sequences: int = 0, api_context_tokens: int = 0, batch: int = 512, max_prefixes: int = 4,
+                 name: str | None = None) -> None:
+        """`sequences` calls of `context_tokens` each and `api_sequences` /v1 generations of
+        `api_context_tokens` each share one unified cache, sized so that none can crowd out another."""
         self.lib = lib = _llama()
         self.path = path
         self.name = name or path
@@ -84,11 +87,14 @@ class LlamaCppLM:
         self.model = lib.llama_model_load_from_file(path.encode(), model_params)
         if not self.model:
             raise ModelMissingError(f"llama.cpp could not load {path!r} (see the llama.cpp log lines above)")
-        # Sequence ids: conversations, calibration and draft states, plus the remembered prefixes.
+        # Sequence ids: calls (twice: a call's slot is free at hang-up, before its clean-up lets its
+        # sequence go), /v1 generations, calibration and draft states, and the remembered prefixes.
         self.max_prefixes = max_prefixes
-        n_seq = min(256, sequences + max_prefixes + 4)
+        n_seq = min(256, 2 * sequences + api_sequences + max_prefixes + 4)
         ctx_params = lib.llama_context_default_params()
-        ctx_params.n_ctx = context_tokens * (sequences + 1)  # shared by all sequences (unified cache)
+        # Cells, shared by all sequences (unified cache): every call at its bound, every /v1
+        # generation at its own, and one context more for the prefixes and the calibration.
+        ctx_params.n_ctx = context_tokens * (sequences + 1) + api_context_tokens * api_sequences
         ctx_params.n_batch = batch
         ctx_params.n_ubatch = batch
         ctx_params.n_seq_max = n_seq
@@ -112,6 +118,7 @@ class LlamaCppLM:
         self._batch = lib.llama_batch_init(batch, 0, 1)
         self._free_seqs = list(range(n_seq - 1, -1, -1))
         self._prefixes: OrderedDict[tuple[int, ...], int] = OrderedDict()  # prefix -> its sequence id
+        self._pinned: set[tuple[int, ...]] = set()  # prefixes never forgotten (the default system prompt)
         self._pieces: dict[int, bytes] = {}
         self.stop_ids = frozenset(t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(self.vocab, t))
         self.precision = self._precision()
@@ -273,15 +280,18 @@ class LlamaCppLM:
             self._prefixes.move_to_end(tuple(best[0]))
         return best
 
-    def remember_prefix(self, tokens: list[int]) -> None:
-        """Compute `tokens` once into a sequence of its own (the least recently used of
-        `max_prefixes` is forgotten); prefill() copies it into sequences that start with it."""
+    def remember_prefix(self, tokens: list[int], pinned: bool = False) -> None:
+        """Compute `tokens` once into a sequence of its own; prefill() copies it into sequences that
+        start with it. Besides the pinned ones, `max_prefixes` are kept: the least recently used is
+        forgotten for a new one."""
         key = tuple(tokens)
-        if not tokens or key in self._prefixes or self.max_prefixes <= 0:
+        if pinned and key in self._prefixes:
+            self._pinned.add(key)
+        if not tokens or key in self._prefixes or (self.max_prefixes <= 0 and not pinned):
             return
-        if len(self._prefixes) >= self.max_prefixes:
-            _, old = self._prefixes.popitem(last=False)
-            self.release(LMState(cache=old))
+        unpinned = [k for k in self._prefixes if k not in self._pinned]  # least recently used first
+        if not pinned and len(unpinned) >= self.max_prefixes:
+            self.release(LMState(cache=self._prefixes.pop(unpinned[0])))
         state = self.new_state()
         try:
             self.extend(state, tokens)
@@ -289,6 +299,8 @@ class LlamaCppLM:
             self.release(state)
             raise
         self._prefixes[key] = state.cache
+        if pinned:
+            self._pinned.add(key)
 
     def close(self) -> None:
         if self.ctx:

@@ -75,16 +75,18 @@ class EmbeddedLLM:
         self.api_deadline_s = api_deadline_s
         self.name = lm.name
 
-    def conversation(self) -> EmbeddedConversation:
-        return EmbeddedConversation(self, self.strategy.new_session())
+    def conversation(self, context_tokens: int | None = None) -> EmbeddedConversation:
+        limit = min(context_tokens or self.max_context_tokens, self.max_context_tokens)
+        return EmbeddedConversation(self, self.strategy.new_session(), limit)
 
     def warm_up(self, system_prompt: str | None = None) -> None:
         """Blocking: compute the default system prompt once for the whole process (each new call
         copies its cache instead of computing it), then one short prefill so the first caller does
         not pay for lazy initialisation."""
         if system_prompt:
+            # pinned: callers' own instructions are remembered too, and must not push it out
             self.lm.remember_prefix(self.lm.chat_tokens([{"role": "system", "content": system_prompt}],
-                                                        add_generation_prompt=False))
+                                                        add_generation_prompt=False), pinned=True)
         state = self.lm.new_state()
         try:
             self.lm.prefill(state, self.lm.chat_tokens([{"role": "user", "content": "Hi"}]))
@@ -96,9 +98,10 @@ class EmbeddedLLM:
 
 
 class EmbeddedConversation:
-    def __init__(self, llm: EmbeddedLLM, decoding: SessionDecoding) -> None:
+    def __init__(self, llm: EmbeddedLLM, decoding: SessionDecoding, context_tokens: int) -> None:
         self.llm = llm
         self.decoding = decoding
+        self.context_tokens = context_tokens  # the most tokens it may hold: prompt and reply
         self.state: LMState | None = None
         self.last_stats: GenerationStats | None = None  # the latest generation's, even one stopped early
         # Its jobs on the shared worker, due when the reply's next tokens are (set_deadline).
@@ -135,10 +138,11 @@ class EmbeddedConversation:
         stats = GenerationStats()
         self._asking()
         prompt = await self.llm.worker.run_by(self.lane, self._prompt, messages)
-        limit = self.llm.max_context_tokens
+        limit = self.context_tokens
         if len(prompt) + 1 > limit:
-            raise ContextLengthError(f"the prompt has {len(prompt)} tokens; this model's context holds {limit} "
-                                     "(llm.max_context_tokens): shorten the messages")
+            raise ContextLengthError(f"the prompt has {len(prompt)} tokens; this conversation holds {limit} "
+                                     "(llm.max_context_tokens for a call, llm.api_context_tokens for /v1): "
+                                     "shorten the messages")
         params = replace(params, max_tokens=min(params.max_tokens, limit - len(prompt)))
         self._asking()
         state = await self.llm.worker.run_by(self.lane, self._state)

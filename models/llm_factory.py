@@ -18,15 +18,16 @@ from models.speculative.memory import ModelFootprint, check_memory
 log = logging.getLogger(__name__)
 
 
-def load_embedded(config: LlmConfig, clock: Clock, *, sequences: int = 8) -> EmbeddedLLM:
-    """`sequences`: conversations held at once (the server's max_sessions), for the KV cache size."""
+def load_embedded(config: LlmConfig, clock: Clock, *, sequences: int = 8, api_sequences: int = 0) -> EmbeddedLLM:
+    """`sequences`: calls held at once (server.max_sessions) of llm.max_context_tokens each;
+    `api_sequences`: /v1 generations at once (server.max_api_requests) of llm.api_context_tokens."""
     spec = config.speculative
     threads = config.threads or cores()
     refs = [config.model] + ([spec.draft_model] if spec.method == "draft_model" else [])
     if config.runtime == "llama.cpp":
-        lm, draft = _load_llama(config, refs, threads, sequences)
+        lm, draft = _load_llama(config, refs, threads, sequences, api_sequences)
     else:
-        lm, draft = _load_torch(config, refs, threads, sequences)
+        lm, draft = _load_torch(config, refs, threads, sequences, api_sequences)
     fixed = None if spec.num_speculative_tokens == "auto" else int(spec.num_speculative_tokens)
     strategy = SpeculativeStrategy(lm, clock, method=spec.method, fixed_k=fixed, max_k=spec.max_speculative_tokens,
                                    draft=draft, ngram_min=spec.ngram_min, ngram_max=spec.ngram_max,
@@ -35,27 +36,30 @@ def load_embedded(config: LlmConfig, clock: Clock, *, sequences: int = 8) -> Emb
                        api_deadline_s=config.api_deadline_s)
 
 
-def _load_llama(config: LlmConfig, refs: list[str], threads: int,
-                sequences: int) -> tuple[CausalLM, CausalLM | None]:
+def _load_llama(config: LlmConfig, refs: list[str], threads: int, sequences: int,
+                api_sequences: int) -> tuple[CausalLM, CausalLM | None]:
     from models.gguf_meta import kv_bytes_per_token
     from models.llama_cpp_lm import LlamaCppLM, system_info
 
     paths = [resolve_gguf(r) for r in refs]
-    # Each model's context holds max_context_tokens for every conversation, plus one for the
-    # remembered prefixes and the calibration (llama.cpp's f16 cache: 2 bytes an element).
+    # Each model's context holds max_context_tokens for every call, plus one for the remembered
+    # prefixes and the calibration, and api_context_tokens for every /v1 generation (llama.cpp's
+    # f16 cache: 2 bytes an element).
     footprints = [ModelFootprint(p, Path(p).stat().st_size, kv_bytes_per_token(p)) for p in paths]
+    api_tokens = config.api_context_tokens * api_sequences
     total = check_memory(footprints, context_tokens=config.max_context_tokens, sequences=sequences + 1,
-                         budget_gb=config.speculative.memory_budget_gb)
+                         extra_tokens=api_tokens, budget_gb=config.speculative.memory_budget_gb)
     log.info("memory estimate %.2f GiB within the %.1f GiB budget", total / (1 << 30),
              config.speculative.memory_budget_gb)
     log.info("llama.cpp: %s", system_info().strip())
     models = [LlamaCppLM(p, threads=threads, context_tokens=config.max_context_tokens, sequences=sequences,
-                         name=r) for p, r in zip(paths, refs, strict=True)]
+                         api_sequences=api_sequences, api_context_tokens=config.api_context_tokens, name=r)
+              for p, r in zip(paths, refs, strict=True)]
     return models[0], (models[1] if len(models) > 1 else None)
 
 
-def _load_torch(config: LlmConfig, refs: list[str], threads: int,
-                sequences: int) -> tuple[CausalLM, CausalLM | None]:
+def _load_torch(config: LlmConfig, refs: list[str], threads: int, sequences: int,
+                api_sequences: int) -> tuple[CausalLM, CausalLM | None]:
     from models.speculative.memory import footprint
     from models.torch_lm import TorchLM, choose_dtype, measure_quantization
 
@@ -65,7 +69,8 @@ def _load_torch(config: LlmConfig, refs: list[str], threads: int,
     estimate_dtype = "float32" if config.quantize != "none" else dtype
     # Folders and Hugging Face ids alike (an id's config comes from the hub).
     total = check_memory([footprint(p, estimate_dtype) for p in paths], context_tokens=config.max_context_tokens,
-                         sequences=sequences, budget_gb=config.speculative.memory_budget_gb)
+                         sequences=sequences, extra_tokens=config.api_context_tokens * api_sequences,
+                         budget_gb=config.speculative.memory_budget_gb)
     log.info("memory estimate %.2f GiB within the %.1f GiB budget", total / (1 << 30),
              config.speculative.memory_budget_gb)
     quantize: str = config.quantize

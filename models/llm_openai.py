@@ -54,8 +54,8 @@ class OpenAIChatLLM:
         self._model_lock = asyncio.Lock()
         self._client: httpx.AsyncClient | None = None
 
-    def conversation(self) -> OpenAIConversation:
-        return OpenAIConversation(self)
+    def conversation(self, context_tokens: int | None = None) -> OpenAIConversation:
+        return OpenAIConversation(self)  # the remote server bounds its own context
 
     def client(self) -> httpx.AsyncClient:
         """The connection pool shared by all conversations, made on first use (in the event loop)."""

@@ -69,9 +69,10 @@ class CausalLM(Protocol):
         last token). Returns (logits [V] for the token after the prompt, tokens computed)."""
         ...
 
-    def remember_prefix(self, tokens: list[int]) -> None:
+    def remember_prefix(self, tokens: list[int], pinned: bool = False) -> None:
         """Keep the cache of a prefix many sequences start with (a system prompt), so a new
-        sequence that starts with it copies it instead of computing it. May do nothing."""
+        sequence that starts with it copies it instead of computing it. A pinned prefix (the
+        default system prompt) is never forgotten to make room for others. May do nothing."""
         ...
 
 

@@ -178,6 +178,9 @@ class Conversation(Protocol):
 class LanguageModel(Protocol):
     name: str
 
-    def conversation(self) -> Conversation: ...
+    def conversation(self, context_tokens: int | None = None) -> Conversation:
+        """A conversation of its own; `context_tokens`: the most tokens it may hold (prompt and
+        reply), None for the model's own bound (llm.max_context_tokens)."""
+        ...
 
     async def aclose(self) -> None: ...

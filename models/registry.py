@@ -64,12 +64,13 @@ def load_tts(config: TtsConfig) -> Synthesizer:
     return tts
 
 
-def load_llm(config: LlmConfig, clock: Clock, *, sequences: int = 8) -> LanguageModel:
-    """`sequences`: conversations held at once, for the embedded engine's memory estimate."""
+def load_llm(config: LlmConfig, clock: Clock, *, sequences: int = 8, api_sequences: int = 0) -> LanguageModel:
+    """`sequences`: calls held at once (server.max_sessions), `api_sequences`: /v1 generations at once
+    (server.max_api_requests): the embedded engine's KV cache is sized for both."""
     if config.engine == "embedded":
         from models.llm_factory import load_embedded
 
-        return load_embedded(config, clock, sequences=sequences)
+        return load_embedded(config, clock, sequences=sequences, api_sequences=api_sequences)
     if config.engine == "openai":
         from models.llm_openai import OpenAIChatLLM
 

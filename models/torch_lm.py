@@ -148,7 +148,7 @@ class TorchLM:
         state.cache = None
         state.tokens.clear()
 
-    def remember_prefix(self, tokens: list[int]) -> None:
+    def remember_prefix(self, tokens: list[int], pinned: bool = False) -> None:
         """Nothing: this runtime is the reference, not the fast path."""
 
     @torch.inference_mode()

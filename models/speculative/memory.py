@@ -89,15 +89,17 @@ def cgroup_room(root: str = "/sys/fs/cgroup") -> int | None:
 
 
 def check_memory(
-    models: list[ModelFootprint], *, context_tokens: int, sequences: int, budget_gb: float
+    models: list[ModelFootprint], *, context_tokens: int, sequences: int, budget_gb: float, extra_tokens: int = 0
 ) -> int:
     """Raise MemoryBudgetError when weights + KV caches (context_tokens per sequence, `sequences` at
-    once) exceed the budget or the memory this machine has free. Returns the estimate in bytes."""
+    once, and `extra_tokens` more: the /v1 generations') exceed the budget or the memory this
+    machine has free. Returns the estimate in bytes."""
     weights = sum(m.weights for m in models)
-    kv = sum(m.kv_per_token for m in models) * context_tokens * sequences
+    kv = sum(m.kv_per_token for m in models) * (context_tokens * sequences + extra_tokens)
     total = int((weights + kv) * 1.10)  # activations, logits and allocator slack
+    extra = f" + {extra_tokens} for /v1" if extra_tokens else ""
     detail = (f"weights {weights / GIB:.2f} GiB ({', '.join(Path(m.name).parent.name or m.name for m in models)}) "
-              f"+ KV caches {kv / GIB:.2f} GiB for {sequences} x {context_tokens} tokens, with 10% slack "
+              f"+ KV caches {kv / GIB:.2f} GiB for {sequences} x {context_tokens} tokens{extra}, with 10% slack "
               f"= {total / GIB:.2f} GiB")
     if total > budget_gb * GIB:
         raise MemoryBudgetError(

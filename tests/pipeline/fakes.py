@@ -113,7 +113,7 @@ class FakeLLM:
         self.close_gate: threading.Event | None = None
         self.closing = 0  # conversations whose clean-up has begun
 
-    def conversation(self) -> FakeConversation:
+    def conversation(self, context_tokens: int | None = None) -> FakeConversation:
         return FakeConversation(self)
 
     async def aclose(self) -> None:

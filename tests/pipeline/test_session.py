@@ -181,7 +181,7 @@ class PausingLLM(FakeLLM):
         super().__init__([first + " " + second])
         self.first_words, self.pause = len(first.split()), pause
 
-    def conversation(self) -> FakeConversation:
+    def conversation(self, context_tokens: int | None = None) -> FakeConversation:
         llm = self
 
         class Pausing(FakeConversation):

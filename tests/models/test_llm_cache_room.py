@@ -1,0 +1,88 @@
+"""The embedded engine's KV cache on llama.cpp (the packs' SmolLM2-135M-Instruct, Q4_1, small and
+fast): /v1 generations have room of their own and cannot crowd out a call, and the default system
+prompt's remembered cache is never forgotten for callers' own instructions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+
+from core.clock import MonotonicClock
+from core.errors import ContextLengthError
+from models.cache import resolve_gguf
+from models.config import LlmConfig, SpeculativeConfig
+from models.llama_cpp_lm import LlamaCppLM
+from models.llm_embedded import EmbeddedConversation, EmbeddedLLM
+from models.llm_factory import load_embedded
+from models.protocols import ChatMessage, SamplingParams
+
+pytestmark = pytest.mark.slow
+
+PACK = "smollm2-135m-instruct-q4_1"
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4)
+
+
+def messages_of(lm: LlamaCppLM, tokens: int) -> list[ChatMessage]:
+    """A user message whose chat prompt is about `tokens` long (at most that)."""
+    words = ["apple"]
+    while len(lm.chat_tokens([{"role": "user", "content": " ".join([*words, "apple"])}])) <= tokens:
+        words.append("apple")
+    return [ChatMessage("user", " ".join(words))]
+
+
+async def generate(conversation: EmbeddedConversation, messages: list[ChatMessage]) -> None:
+    async for _ in conversation.stream(messages, GREEDY):
+        pass
+
+
+@pytest.fixture
+def engine() -> Iterator[EmbeddedLLM]:
+    config = LlmConfig(model=PACK, max_context_tokens=256, api_context_tokens=128, threads=2,
+                       speculative=SpeculativeConfig(method="off"))
+    llm = load_embedded(config, MonotonicClock(), sequences=1, api_sequences=4)
+    yield llm
+    llm.worker.shutdown()
+    llm.lm.close()  # type: ignore[attr-defined]
+
+
+async def test_v1_generations_at_their_bound_leave_a_call_its_room(engine: EmbeddedLLM) -> None:
+    """Four /v1 generations at their bound hold 4 x 128 cells; a call at its own bound still fits (a
+    cache sized for the calls alone, 2 x 256 cells, was full here)."""
+    lm = engine.lm
+    assert isinstance(lm, LlamaCppLM)
+    api = [engine.conversation(128) for _ in range(4)]
+    for conversation in api:  # each kept open: its cells stay taken
+        await generate(conversation, messages_of(lm, 120))
+    call = engine.conversation()
+    await generate(call, messages_of(lm, 248))
+    with pytest.raises(ContextLengthError, match=r"llm\.api_context_tokens"):
+        await generate(engine.conversation(128), messages_of(lm, 200))  # a /v1 prompt over its bound: refused
+    for conversation in [*api, call]:
+        await conversation.aclose()
+
+
+def test_the_default_system_prompt_is_not_forgotten_for_callers_instructions() -> None:
+    lm = LlamaCppLM(resolve_gguf(PACK), threads=2, context_tokens=512, sequences=2, max_prefixes=2, name=PACK)
+    llm = EmbeddedLLM(lm, MonotonicClock())
+    try:
+        default = "You are a helpful voice assistant."
+        llm.warm_up(default)
+
+        async def instructions(text: str) -> None:  # a call that brings its own (session.start's instructions)
+            conversation = llm.conversation()
+            await conversation.prepare([ChatMessage("system", text)])
+            await conversation.aclose()
+
+        for n in range(4):
+            asyncio.run(instructions(f"You are assistant number {n}; answer in one word."))
+        system = lm.chat_tokens([{"role": "system", "content": default}], add_generation_prompt=False)
+        prompt = lm.chat_tokens([{"role": "system", "content": default}, {"role": "user", "content": "Hi"}])
+        state = lm.new_state()
+        _, computed = lm.prefill(state, prompt)
+        lm.release(state)
+        assert computed == len(prompt) - len(system)  # copied from the remembered prefix, not computed
+    finally:
+        llm.worker.shutdown()
+        lm.close()
