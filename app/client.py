@@ -38,6 +38,7 @@ def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
 class VoiceClient:
     url: str
     sample_rate: int = 16000
+    source_address: str | None = None  # the local address to call from (127.0.0.N: callers of their own)
     received: list[Received] = field(default_factory=list)
     session: dict[str, Any] = field(default_factory=dict)
     _ws: Any = None
@@ -49,7 +50,8 @@ class VoiceClient:
         """Open the socket without starting a session."""
         import websockets
 
-        self._ws = await websockets.connect(self.url, max_size=None)
+        local: dict[str, Any] = {"local_addr": (self.source_address, 0)} if self.source_address else {}
+        self._ws = await websockets.connect(self.url, max_size=None, **local)
         self._reader = asyncio.create_task(self._read())
 
     async def wait_closed(self, timeout: float) -> int | None:

@@ -132,10 +132,12 @@ async def one_call(url: str, question: str, tmp: Path, rate: int) -> dict:
     }
 
 
-# Every simulated caller comes from 127.0.0.1: the per-client limits (server.max_calls_per_client,
-# server.max_connections_per_minute) are for real clients, not for this one address.
-ONE_ADDRESS = {"VOICE_AGENT_SERVER__MAX_CALLS_PER_CLIENT": "1000",
-               "VOICE_AGENT_SERVER__MAX_CONNECTIONS_PER_MINUTE": "100000"}
+def caller_address(index: int) -> str:
+    """Callers at once are people apart: each calls from an address of its own on loopback
+    (127.0.0.2, 127.0.0.3, ...), so the server's per-client limits apply as they would, at their
+    defaults."""
+    return f"127.0.0.{2 + index % 250}"
+
 PHONE_RATE = 8000
 PUBLIC_URL = "https://voice.example.test"  # the public URL Twilio would call; the simulator signs for it
 AUTH_TOKEN = "bench-twilio-auth-token"
@@ -233,7 +235,7 @@ async def caller(url: str, index: int, turns: int, stagger: float, tmp: Path, ra
     """One call: after index * stagger s, `turns` questions, each followed by silence until its
     reply is done (the caller streams audio all along, as a phone does)."""
     await asyncio.sleep(index * stagger)
-    client = VoiceClient(url, rate)
+    client = VoiceClient(url, rate, source_address=caller_address(index))
     await client.connect()
     results = []
     trailing: asyncio.Task[None] | None = None
@@ -330,7 +332,7 @@ def concurrency_main(args: argparse.Namespace) -> None:
             turns = asyncio.run(run_concurrent(args.url, n, args.turns, args.stagger, args.rate))
             runs.append({"n": n, "schedule": "server's", "summary": summarize(turns), "turns": turns})
     else:
-        env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **ONE_ADDRESS,
+        env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7",
                "VOICE_AGENT_SERVER__MAX_SESSIONS": str(max(8, *counts)), **dict(s.split("=", 1) for s in args.set)}
         print("server settings:", env)
         with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
@@ -385,7 +387,7 @@ def main() -> None:
         results = asyncio.run(run({"server": args.url}, args.repeat, args.rate))
     else:
         with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-            env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **ONE_ADDRESS, **dict(s.split("=", 1) for s in args.set)}
+            env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **dict(s.split("=", 1) for s in args.set)}
             if args.transport != "ws":
                 env.update(PHONE_ENV)
             print("server settings:", env, "baseline adds:", baseline)

@@ -216,6 +216,7 @@ async def test_a_call_s_slots_are_free_the_moment_its_caller_hangs_up() -> None:
                 assert json.loads(await first.recv())["type"] == "session.started"
             await _wait_until(lambda: llm.closing == 1)  # the first call's clean-up has begun, and waits
             await _wait_until(lambda: not runtime.sessions)
+            assert llm.closed == 0  # free while the clean-up still runs (not once it was given up on)
             async with connect(f"ws://{address}/ws") as second:
                 await second.send(START)
                 assert json.loads(await second.recv())["type"] == "session.started"

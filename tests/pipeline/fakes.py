@@ -95,9 +95,12 @@ class FakeConversation:
         """A conversation's clean-up: instant, or as slow as the fake LLM is told (close_delay_s, and
         close_gate: a threading.Event that must be set first)."""
         self.llm.closing += 1
-        await asyncio.sleep(self.llm.close_delay_s)
-        while self.llm.close_gate is not None and not self.llm.close_gate.is_set():
-            await asyncio.sleep(0.01)
+        try:
+            await asyncio.sleep(self.llm.close_delay_s)
+            while self.llm.close_gate is not None and not self.llm.close_gate.is_set():
+                await asyncio.sleep(0.01)
+        finally:
+            self.llm.closed += 1
 
 
 class FakeLLM:
@@ -112,6 +115,7 @@ class FakeLLM:
         self.close_delay_s = 0.0
         self.close_gate: threading.Event | None = None
         self.closing = 0  # conversations whose clean-up has begun
+        self.closed = 0  # ... and ended (done, or cut short)
 
     def conversation(self, context_tokens: int | None = None) -> FakeConversation:
         return FakeConversation(self)
