@@ -273,8 +273,8 @@ class PhoneCall(Connection):
     async def _session_crashed(self) -> None:
         assert self.task is not None
         exc = self.task.exception() if not self.task.cancelled() else None
-        log.error("%s: the session failed: %r", self.label, exc)
-        self.reason = f"the session failed: {exc}"
+        log.error("%s: the session failed: %r", self.label, exc, exc_info=exc)
+        self.reason = f"the session failed ({getattr(exc, 'code', 'internal_error')})"
         self.end_reason, self.end_error = "error", repr(exc)
         await self.close(CLOSE_ERROR)
 

@@ -118,8 +118,8 @@ class Runtime:
             self.status = "failed"
             log.error("models failed to load: %s", exc)
             return
-        except Exception as exc:
-            self.load_error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # not one of ours: its text stays in the log, clients see its kind
+            self.load_error = f"{type(exc).__name__} (the server log says more)"
             self.status = "failed"
             log.exception("models failed to load")
             return
@@ -146,7 +146,7 @@ class Runtime:
                 await store.open()
             except Exception as exc:
                 await store.close()
-                self.store_error = f"{type(exc).__name__}: {exc}"
+                self.store_error = f"it failed to open: {type(exc).__name__} (the server log says more)"
                 log.exception("the call store failed to open; calls are not kept")
             else:
                 self.store = store

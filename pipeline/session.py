@@ -554,8 +554,9 @@ class Session:
                 code = exc.code if isinstance(exc, VoiceAgentError) else "internal_error"
                 detail = f"{type(exc).__name__}: {exc}"
                 log.error("turn %d: the reply failed: %s", turn.turn_id, detail, exc_info=exc)
-                reply.error = f"{code}: {detail}"
-                await self._send_for(reply, ErrorEvent(code, f"the reply failed: {detail}", turn.turn_id))
+                reply.error = f"{code}: {detail}"  # the call's record keeps the detail; the caller gets
+                told = str(exc) if isinstance(exc, VoiceAgentError) else "an unexpected error (in the server log)"
+                await self._send_for(reply, ErrorEvent(code, f"the reply failed: {told}", turn.turn_id))
         finally:
             reply.playout.put_nowait(None)  # the player always learns that nothing more is coming
             # Close the line from its end back to the LLM, so an abandoned generation stops now.

@@ -91,6 +91,7 @@ async def test_a_crashed_session_is_reported_at_once() -> None:
     await asyncio.wait_for(connection.run(), 3.0)
     errors = [json.loads(m) for m in socket.sent if isinstance(m, str) and '"error"' in m]
     assert errors and "the session failed" in errors[-1]["message"]
+    assert "VAD model" not in errors[-1]["message"]  # the caller gets the code; the exception's text, the log
     assert socket.closed_with == CLOSE_ERROR
 
 

@@ -564,3 +564,22 @@ async def test_a_preemptive_reply_overtaken_by_new_speech_is_dropped_unreported(
     assert turns == [done]
     await session._cancel_reply("interrupted", send=False)
     await session.conversation.aclose()
+
+
+class BrokenSynthesizer(FakeSynthesizer):
+    def synthesize(self, text: str) -> Iterator[Audio]:
+        raise RuntimeError("cannot open /srv/models/voice.onnx")
+
+
+async def test_a_failed_reply_tells_the_caller_its_code_not_the_exception_text() -> None:
+    session, out = make_session(FakeLLM(["Hello there."]), ["Hi."])
+    session.backends.tts = BrokenSynthesizer()
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    await out.wait(lambda: done_events(out))
+    (error,) = [e for e in out.events if isinstance(e, ErrorEvent)]
+    assert error.code == "internal_error" and "/srv/models" not in error.message
+    assert "/srv/models" in (done_events(out)[0].error or "")  # the call's record keeps it, for QA
+    await session.audio_in.put(None)
+    await task
