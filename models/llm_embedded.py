@@ -5,10 +5,13 @@ speculative)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import replace
 from typing import Protocol
+
+import numpy as np
 
 from core.clock import Clock
 from core.errors import ContextLengthError
@@ -96,6 +99,23 @@ class EmbeddedLLM:
     async def aclose(self) -> None:
         self.worker.shutdown()
 
+    @property
+    def weighs_words(self) -> bool:
+        return self.end_of_message is not None
+
+    @functools.cached_property
+    def end_of_message(self) -> tuple[int, ...] | None:
+        """The tokens the chat template puts after a message's text (Qwen's `<|im_end|>` and a
+        newline): its first is the token whose probability says the caller's message ends there.
+        None when the template's rendering of a message does not end so."""
+        text = "Zq"
+        rendered = self.lm.chat_tokens([{"role": "user", "content": text}], add_generation_prompt=False)
+        content = self.lm.encode(text)
+        for end in range(len(rendered) - 1, len(content) - 1, -1):
+            if rendered[end - len(content):end] == content:
+                return tuple(rendered[end:]) or None
+        return None
+
 
 class EmbeddedConversation:
     def __init__(self, llm: EmbeddedLLM, decoding: SessionDecoding, context_tokens: int) -> None:
@@ -106,6 +126,7 @@ class EmbeddedConversation:
         self.last_stats: GenerationStats | None = None  # the latest generation's, even one stopped early
         # Its jobs on the shared worker, due when the reply's next tokens are (set_deadline).
         self.lane = Lane()
+        self.generating = False  # a reply's generation owns the cache: nothing else may move it
 
     def _state(self) -> LMState:
         """The conversation's sequence, made on first use (on the worker thread)."""
@@ -136,16 +157,21 @@ class EmbeddedConversation:
     async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncGenerator[LLMOutput, None]:
         clock = self.llm.clock
         stats = GenerationStats()
-        self._asking()
-        prompt = await self.llm.worker.run_by(self.lane, self._prompt, messages)
-        limit = self.context_tokens
-        if len(prompt) + 1 > limit:
-            raise ContextLengthError(f"the prompt has {len(prompt)} tokens; this conversation holds {limit} "
-                                     "(llm.max_context_tokens for a call, llm.api_context_tokens for /v1): "
-                                     "shorten the messages")
-        params = replace(params, max_tokens=min(params.max_tokens, limit - len(prompt)))
-        self._asking()
-        state = await self.llm.worker.run_by(self.lane, self._state)
+        self.generating = True
+        try:
+            self._asking()
+            prompt = await self.llm.worker.run_by(self.lane, self._prompt, messages)
+            limit = self.context_tokens
+            if len(prompt) + 1 > limit:
+                raise ContextLengthError(f"the prompt has {len(prompt)} tokens; this conversation holds {limit} "
+                                         "(llm.max_context_tokens for a call, llm.api_context_tokens for /v1): "
+                                         "shorten the messages")
+            params = replace(params, max_tokens=min(params.max_tokens, limit - len(prompt)))
+            self._asking()
+            state = await self.llm.worker.run_by(self.lane, self._state)
+        except BaseException:
+            self.generating = False
+            raise
         decoder = self.decoding.decoder(state, params, stats)
         loop = GenerationLoop(self.llm.lm, decoder, prompt, params, stats)
         detok = Detokenizer(self.llm.lm)
@@ -163,11 +189,31 @@ class EmbeddedConversation:
                 if text:
                     yield TextDelta(text)
         finally:  # also when the caller stops early (a stop string, a barge-in): the stats are real
+            self.generating = False
             self.lane.more, self.lane.fallback = False, None
             stats.duration_ms = (clock.now() - started) * 1000
             if not loop.done:
                 stats.finish_reason = "cancelled"
         yield GenerationDone(stats)
+
+    async def end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:
+        """P(the template's end-of-message token) after the last message's text, from the logits
+        of a prefill of the conversation up to there: a head start for the reply, due at once."""
+        if self.llm.end_of_message is None:
+            return None
+        return await self.llm.worker.run_by(self.llm.clock.now(), self._end_of_turn, messages)
+
+    def _end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:
+        marker = self.llm.end_of_message
+        assert marker is not None
+        if self.generating:  # a reply began meanwhile: its cache is not this prompt's to change
+            return None
+        prompt = self._prompt(messages, add_generation_prompt=False)
+        if tuple(prompt[-len(marker):]) != marker or len(prompt) + 1 > self.context_tokens:
+            return None
+        logits, _ = self.llm.lm.prefill(self._state(), prompt[:-len(marker)])
+        shifted = logits.astype(np.float64) - float(logits.max())
+        return float(np.exp(shifted[marker[0]]) / np.exp(shifted).sum())
 
     def set_speculation_cap(self, cap: int | None) -> None:
         self.decoding.cap = cap

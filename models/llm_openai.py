@@ -54,6 +54,8 @@ class OpenAIChatLLM:
         self._model_lock = asyncio.Lock()
         self._client: httpx.AsyncClient | None = None
 
+    weighs_words = False  # a remote server gives no end-of-message probabilities
+
     def conversation(self, context_tokens: int | None = None) -> OpenAIConversation:
         return OpenAIConversation(self)  # the remote server bounds its own context
 
@@ -172,6 +174,10 @@ class OpenAIConversation:
 
     async def prepare(self, messages: Sequence[ChatMessage]) -> None:
         """Nothing to do ahead of time: the server's prefix cache keeps the prompt's KV."""
+
+    async def end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:
+        """Not known: an OpenAI-compatible server gives no probabilities of a message's end."""
+        return None
 
     def set_speculation_cap(self, cap: int | None) -> None:
         """Ignored: the server's speculative decoding is set when it starts (vLLM's --speculative-config)."""

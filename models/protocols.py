@@ -162,6 +162,13 @@ class Conversation(Protocol):
         Closing the iterator early cancels the generation."""
         ...
 
+    async def end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:
+        """The model's probability that the last message (the caller's words so far) ends there: the
+        chance of its chat template's end-of-message token after the text. None where the backend
+        cannot tell (a remote server). What the embedded engine computes for it stays in its cache,
+        so a reply to the same words starts from there: the text signal costs one logit read."""
+        ...
+
     def set_speculation_cap(self, cap: int | None) -> None:
         """Limit the tokens drafted per step (None: no limit); backends without speculation ignore it."""
         ...
@@ -177,6 +184,11 @@ class Conversation(Protocol):
 
 class LanguageModel(Protocol):
     name: str
+
+    @property
+    def weighs_words(self) -> bool:
+        """Whether its conversations answer `end_of_turn` (the embedded engine does; a remote one not)."""
+        ...
 
     def conversation(self, context_tokens: int | None = None) -> Conversation:
         """A conversation of its own; `context_tokens`: the most tokens it may hold (prompt and
