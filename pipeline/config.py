@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a friendly, helpful voice assistant on a phone call. Your replies are spoken aloud, so "
@@ -21,13 +21,33 @@ class EndpointingConfig(BaseModel):
     prefix_padding_ms: int = Field(300, ge=0, description="audio before the detected start given to ASR")
     max_turn_s: float = Field(30.0, gt=1, description="a turn longer than this is ended")
     early_final_ms: int = Field(
-        150, ge=0, description="a pause: after this much silence the end-of-turn model is asked whether the caller "
-        "has finished, and the final transcript starts (0: neither; the turn ends after end_silence_ms)")
-    turn_threshold: float = Field(
-        0.95, gt=0, lt=1, description="the end-of-turn model's probability at a pause above which the turn ends there")
-    incomplete_silence_ms: int = Field(
-        1500, ge=64, description="silence that ends a turn the end-of-turn model judged unfinished (the caller "
-        "paused mid-sentence and did not go on)")
+        150, ge=0, description="a pause: after this much silence the end-of-turn evidence is gathered (the "
+        "end-of-turn model is asked, the final transcript starts, and from it the LLM's end-of-message "
+        "probability) and the turn may end (0: none of it; the turn ends after end_silence_ms)")
+    # The decision at a pause (pipeline/turn_policy.py): both kinds of evidence fused in log-odds, and
+    # the silence waited shrinking as the fused probability grows. Chosen with bench/turn_detection.py.
+    text_signal: bool = Field(
+        True, description="use the words: the LLM's probability that the caller's message ends with the words "
+        "transcribed at the pause (the embedded engine; with llm.engine=openai the sound alone decides)")
+    audio_weight: float = Field(1.0, ge=0, description="weight of the end-of-turn model's log-odds")
+    text_weight: float = Field(0.0, ge=0, description="weight of the words' end-of-message log-probability")
+    text_neutral: float = Field(
+        -2.0, le=0, description="the words' log-probability that counts as no evidence either way")
+    bias: float = Field(0.0, description="added to the fused log-odds")
+    sure_probability: float = Field(
+        0.95, gt=0, lt=1, description="a fused probability at or above this ends the turn at once")
+    doubt_probability: float = Field(
+        0.95, gt=0, lt=1, description="at or below this the caller gets the whole max_patience_ms; in between, "
+        "in proportion")
+    max_patience_ms: int = Field(
+        1500, ge=64, description="the longest pause waited out before the turn ends (the evidence said unfinished, "
+        "or none came)")
+
+    @model_validator(mode="after")
+    def _marks_in_order(self) -> EndpointingConfig:
+        if self.doubt_probability > self.sure_probability:
+            raise ValueError("endpointing.doubt_probability must not be above endpointing.sure_probability")
+        return self
 
 
 class AsrStageConfig(BaseModel):

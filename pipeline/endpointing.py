@@ -6,7 +6,6 @@ it on a real VAD, keeps the turn's audio, and yields SpeechStarted / SpeechAudio
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 from collections import deque
@@ -17,7 +16,7 @@ import numpy as np
 
 from core.clock import Clock
 from core.worker import ModelWorker
-from models.protocols import TurnDetector, VadStream
+from models.protocols import VadStream
 from pipeline.config import EndpointingConfig
 from pipeline.events import (
     AudioFrame,
@@ -28,6 +27,8 @@ from pipeline.events import (
     SpeechStarted,
     SpeechStopped,
 )
+from pipeline.turn_judge import TurnJudge
+from pipeline.turn_policy import TurnPolicy
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +51,15 @@ class Endpointer:
     Within speech, `early_final_ms` of silence is a pause (the turn may be ending) and speech after
     a pause a resume.
 
-    With an end-of-turn model (`turn_model=True`), the caller of `feed` asks the model at each
-    pause and calls `end_turn` if it says the turn is complete; otherwise the turn ends only after
-    `incomplete_silence_ms`, the patience for a caller who stopped mid-sentence.
+    With end-of-turn evidence (`judged=True`), the caller of `feed` gathers it at each pause and
+    calls `end_turn` when the policy says the silence so far is enough; otherwise the turn ends only
+    after `max_patience_ms`, the patience for a caller who stopped mid-sentence.
     """
 
-    def __init__(self, config: EndpointingConfig, window_ms: float, turn_model: bool = False) -> None:
+    def __init__(self, config: EndpointingConfig, window_ms: float, judged: bool = False) -> None:
         self.config = config
         self.window_ms = window_ms
-        self.end_silence_ms = config.incomplete_silence_ms if turn_model else config.end_silence_ms
+        self.end_silence_ms = config.max_patience_ms if judged else config.end_silence_ms
         self.pauses = 0  # pauses so far: tells whether a model's answer is about the pause still going on
         self.neg_threshold = (
             config.neg_threshold if config.neg_threshold is not None else max(0.01, config.threshold - 0.15)
@@ -97,9 +98,14 @@ class Endpointer:
             return Decision("resume", self.position_ms)
         return None
 
-    def in_pause(self, pause: int) -> bool:
-        """Whether pause number `pause` is still going on (no speech since it began)."""
-        return self.in_speech and self._paused and self.pauses == pause
+    def in_pause(self, pause: int | None = None) -> bool:
+        """Whether a pause (number `pause`, or any) is going on: no speech since it began."""
+        return self.in_speech and self._paused and (pause is None or self.pauses == pause)
+
+    @property
+    def silence_ms(self) -> float:
+        """The silence since the caller last spoke (within a turn)."""
+        return self._run_ms if self.in_speech else 0.0
 
     def end_turn(self) -> Decision:
         """The end-of-turn model says the caller has finished: the turn ends where the silence began."""
@@ -120,26 +126,26 @@ async def vad_stage(
     clock: Clock,
     sample_rate: int = 16000,
     window_samples: int = 512,
-    turn: TurnDetector | None = None,
-    turn_worker: ModelWorker | None = None,
+    judge: TurnJudge | None = None,
     turn_ids: Iterator[int] | None = None,
 ) -> AsyncGenerator[SpeechEvent, None]:
     """Audio frames in; the caller's turns out, as start, audio chunks, pause, resume, stop.
 
-    With an end-of-turn model, each pause asks it (on `turn_worker`, while audio keeps flowing)
-    whether the turn is complete; a yes, if the caller is still silent, ends the turn at once.
-    Turns are numbered from `turn_ids` (the session's, which numbers its keypad turns from the same
-    counter), or from 1."""
+    With a judge, each pause gathers end-of-turn evidence (the end-of-turn model on its worker,
+    the words' probability from the session) while audio keeps flowing, and at every window of the
+    pause the policy (pipeline/turn_policy.py) says how much silence that evidence asks for: once
+    the silence so far reaches it, the turn ends. Turns are numbered from `turn_ids` (the session's,
+    which numbers its keypad turns from the same counter), or from 1."""
     window_ms = 1000.0 * window_samples / sample_rate
-    use_model = turn is not None and config.early_final_ms > 0
-    endpointer = Endpointer(config, window_ms, turn_model=use_model)
+    judged = judge is not None and judge.active and config.early_final_ms > 0
+    policy = TurnPolicy(config)
+    endpointer = Endpointer(config, window_ms, judged=judged)
     # Audio kept from before a detected start: the padding plus the speech that confirmed it.
     keep = int(sample_rate * (config.prefix_padding_ms + config.min_speech_ms) / 1000) + window_samples
     history: deque[np.ndarray] = deque()
     history_len = 0
     spoken: deque[np.ndarray] = deque()  # the turn's audio so far, the last TURN_MODEL_S of it
     spoken_len = 0
-    asking: tuple[int, asyncio.Task[float]] | None = None  # (pause number, the model's answer to come)
     pending = np.zeros(0, dtype=np.float32)  # samples not yet classified by the VAD
     consumed = 0  # samples classified so far
     ids = turn_ids if turn_ids is not None else itertools.count(1)
@@ -161,11 +167,10 @@ async def vad_stage(
                 consumed += window_samples
                 decision = endpointer.feed(prob)
                 answer: float | None = None
-                if decision is None and asking is not None and asking[1].done():
-                    pause, task = asking
-                    asking = None
-                    answer = _answer(task)
-                    if answer is not None and answer >= config.turn_threshold and endpointer.in_pause(pause):
+                if decision is None and judge is not None and judged and endpointer.in_pause():
+                    evidence = judge.evidence()
+                    if endpointer.silence_ms >= policy.wait_ms(evidence):  # enough silence for what is known
+                        answer = policy.probability(evidence)
                         decision = endpointer.end_turn()
                 if endpointer.in_speech or (decision is not None and decision.kind == "stop"):
                     if decision is not None and decision.kind == "start":
@@ -187,19 +192,16 @@ async def vad_stage(
                             spoken_len -= len(spoken.popleft())
                         yield SpeechAudio(turn_id, window)
                     if decision is not None and decision.kind == "pause":
-                        if use_model:
-                            if asking is not None:
-                                asking[1].cancel()
-                            audio = np.concatenate(list(spoken))
-                            asking = (endpointer.pauses, asyncio.ensure_future(
-                                (turn_worker or worker).run(turn.probability, audio)))  # type: ignore[union-attr]
+                        if judge is not None and judged:
+                            judge.pause(turn_id, np.concatenate(list(spoken)))
                         yield SpeechPaused(turn_id, clock.now())
                     elif decision is not None and decision.kind == "resume":
+                        if judge is not None:
+                            judge.clear()
                         yield SpeechResumed(turn_id, clock.now())
                     elif decision is not None and decision.kind == "stop":
-                        if asking is not None:
-                            asking[1].cancel()
-                            asking = None
+                        if judge is not None:
+                            judge.clear()
                         yield stopped(decision, frame, answer)
                 else:
                     history.append(window)
@@ -207,19 +209,8 @@ async def vad_stage(
                     while history_len - len(history[0]) >= keep:
                         history_len -= len(history.popleft())
     finally:
-        if asking is not None:
-            asking[1].cancel()
-
-
-def _answer(task: asyncio.Task[float]) -> float | None:
-    """The model's probability, or None (the turn then ends on silence) if it failed."""
-    if task.cancelled():
-        return None
-    exc = task.exception()
-    if exc is not None:
-        log.warning("the end-of-turn model failed (%s); this pause is judged on silence alone", exc)
-        return None
-    return task.result()
+        if judge is not None:
+            judge.clear()
 
 
 def _tail(history: deque[np.ndarray], consumed: int, start_ms: float, sample_rate: int) -> np.ndarray:

@@ -68,6 +68,7 @@ from pipeline.events import (
 from pipeline.history import prompt_window
 from pipeline.llm_stage import llm_stage
 from pipeline.tts_stage import tts_stage
+from pipeline.turn_judge import TurnJudge
 from pipeline.turns import PhraseLedger, Turn
 
 log = logging.getLogger(__name__)
@@ -213,15 +214,19 @@ class Session:
         self.last_digit_at = 0.0
         self.dtmf_timer: asyncio.Task[None] | None = None
         self.closed = False  # the caller has gone: nothing new starts (a keypad turn in flight included)
+        # the end-of-turn evidence at the caller's pauses: the sound's (the VAD stage asks), the words'
+        self.judge = TurnJudge(backends.turn, backends.turn_worker, words=False)  # set up by run()
+        self.words_task: asyncio.Task[None] | None = None  # weighing the words said up to a pause
 
     # -- the input line --------------------------------------------------------------------------
     async def run(self) -> None:
         """Run until `audio_in` yields None (the caller hung up), then stop any reply."""
         self._prepare(tuple(self.history))
+        self.judge.expects_words = self.config.endpointing.text_signal and self.backends.llm.weighs_words
         vad_stream = self.backends.vad.new_stream()
         b = self.backends
         speech = vad_stage(self._frames(), vad_stream, b.vad_worker, self.config.endpointing, self.clock,
-                           b.vad.sample_rate, b.vad.window_samples, b.turn, b.turn_worker, self.turn_ids)
+                           b.vad.sample_rate, b.vad.window_samples, self.judge, self.turn_ids)
         events = asr_stage(speech, self.backends.asr, self.backends.asr_worker, self.config.asr, self.clock,
                            self._bot_talking)
         try:
@@ -235,6 +240,8 @@ class Session:
                 self.preparing.cancel()
             if self.dtmf_timer is not None:
                 self.dtmf_timer.cancel()
+            if self.words_task is not None:
+                self.words_task.cancel()
             # the caller is gone: a reply they heard part of is still kept (on_turn), not sent
             await self._cancel_reply("interrupted", send=False, keep=True)
             await self.conversation.aclose()
@@ -282,10 +289,12 @@ class Session:
                     self.let_go.add(event.turn_id)  # until its final transcript, or until it goes on
                 else:
                     await self._barge_in("a word")
-            elif (self.config.session.preemptive and self.reply is None and self.pending_barge is None
-                    and event.turn_id == self.last_started and event.text.strip()):
-                turn = self.turns.setdefault(event.turn_id, Turn(event.turn_id))
-                await self._start_reply(turn, " ".join([*self.held, event.text.strip()]).strip(), preemptive=True)
+            elif (self.reply is None and self.pending_barge is None and event.turn_id == self.last_started
+                    and event.text.strip()):
+                if self.words_task is not None:
+                    self.words_task.cancel()  # an earlier pause's, still weighing
+                words = " ".join([*self.held, event.text.strip()]).strip()
+                self.words_task = asyncio.create_task(self._weigh_words(event.turn_id, words))
             return
         if isinstance(event, TranscriptFinal) and event.turn_id in self.let_go:
             self.let_go.discard(event.turn_id)
@@ -329,6 +338,25 @@ class Session:
                 await self._start_reply(turn, text)
             else:
                 self.turns.pop(event.turn_id, None)
+
+    async def _weigh_words(self, turn_id: int, words: str) -> None:
+        """The caller paused, and their words so far are transcribed: the language model's
+        probability that their message ends there goes to the end-of-turn judge; then the reply
+        starts preemptively on those words (from the cache that computation left: one prefill)."""
+        probability = None
+        if self.config.endpointing.text_signal:
+            try:
+                probability = await self.conversation.end_of_turn((*self._prompt(), ChatMessage("user", words)))
+            except Exception as exc:  # the words are evidence; without them the sound decides
+                log.warning("turn %d: the LLM's end-of-turn probability failed: %s", turn_id, exc)
+            if probability is not None:
+                log.debug("turn %d: P(end of message | %r) = %.3f", turn_id, words, probability)
+        self.judge.words(turn_id, probability)
+        turn = self.turns.get(turn_id) or Turn(turn_id)
+        if (self.config.session.preemptive and self.reply is None and self.pending_barge is None
+                and turn_id == self.last_started and not self.closed and "asr_final" not in turn.marks):
+            self.turns[turn_id] = turn
+            await self._start_reply(turn, words, preemptive=True)
 
     def _let_go(self, turn_id: int, text: str) -> None:
         """What the caller said over the bot was only a backchannel: the reply goes on."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -76,6 +76,11 @@ class FakeConversation:
     async def prepare(self, messages: Sequence[ChatMessage]) -> None:
         return None
 
+    async def end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:
+        """The fake LLM's `end_of_turn` answer for the words (a function of them), or None."""
+        self.llm.asked_end_of_turn.append(messages[-1].content)
+        return self.llm.end_of_turn(messages[-1].content) if self.llm.end_of_turn is not None else None
+
     async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[LLMOutput]:
         self.llm.requests.append(list(messages))
         reply = self.llm.replies.pop(0)
@@ -113,9 +118,15 @@ class FakeLLM:
         self.caps: list[int | None] = []
         self.deadlines: list[float | None] = []  # every set_deadline, in order
         self.close_delay_s = 0.0
+        self.end_of_turn: Callable[[str], float] | None = None  # the words' end-of-turn probability, if any
+        self.asked_end_of_turn: list[str] = []
         self.close_gate: threading.Event | None = None
         self.closing = 0  # conversations whose clean-up has begun
         self.closed = 0  # ... and ended (done, or cut short)
+
+    @property
+    def weighs_words(self) -> bool:
+        return self.end_of_turn is not None
 
     def conversation(self, context_tokens: int | None = None) -> FakeConversation:
         return FakeConversation(self)

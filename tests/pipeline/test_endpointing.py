@@ -1,4 +1,6 @@
 import asyncio
+import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -8,6 +10,8 @@ from core.worker import ModelWorker
 from pipeline.config import EndpointingConfig
 from pipeline.endpointing import Endpointer, vad_stage
 from pipeline.events import AudioFrame, SpeechAudio, SpeechPaused, SpeechStarted, SpeechStopped
+from pipeline.turn_judge import TurnJudge
+from pipeline.turn_policy import Evidence, TurnPolicy
 
 WINDOW_MS = 32.0
 
@@ -105,17 +109,17 @@ async def test_vad_stage_yields_turn_with_padded_audio() -> None:
     assert stopped.at - stopped.ended_at == pytest.approx(0.32, abs=0.05)
 
 
-def test_with_an_end_of_turn_model_silence_alone_waits_the_longer_patience() -> None:
+def test_with_end_of_turn_evidence_silence_alone_waits_the_longer_patience() -> None:
     ep = Endpointer(EndpointingConfig(min_speech_ms=96, end_silence_ms=480, early_final_ms=192,
-                                      incomplete_silence_ms=960), WINDOW_MS, turn_model=True)
+                                      max_patience_ms=960), WINDOW_MS, judged=True)
     kinds = [(d.kind, ep.position_ms) for p in [0.9] * 10 + [0.05] * 40 if (d := ep.feed(p))]
     assert [k for k, _ in kinds] == ["start", "pause", "stop"]
     assert kinds[-1][1] - 10 * WINDOW_MS == 960  # not 480: the model did not say the turn was over
 
 
 def test_a_models_yes_ends_the_turn_at_its_pause_but_not_after_the_caller_went_on() -> None:
-    cfg = EndpointingConfig(min_speech_ms=96, early_final_ms=192, incomplete_silence_ms=960)
-    ep = Endpointer(cfg, WINDOW_MS, turn_model=True)
+    cfg = EndpointingConfig(min_speech_ms=96, early_final_ms=192, max_patience_ms=960)
+    ep = Endpointer(cfg, WINDOW_MS, judged=True)
     for p in [0.9] * 10 + [0.05] * 7:
         ep.feed(p)
     pause = ep.pauses
@@ -144,8 +148,11 @@ class FakeTurnModel:
         return self.answer
 
 
-async def stop_after(answer: float, gap_s: float = 0.0) -> tuple[SpeechStopped, FakeTurnModel, list[object]]:
-    """One second of speech (a second burst after `gap_s` of silence, if given), then silence."""
+async def stop_after(answer: float, gap_s: float = 0.0, words: float | None = None,
+                     **settings: Any) -> tuple[SpeechStopped, FakeTurnModel, list[object]]:
+    """One second of speech (a second burst after `gap_s` of silence, if given), then silence. With
+    `words`, the session's part is played too: at each pause, the words' probability is handed to
+    the judge once the pause has lasted 300 ms (when a transcript and an LLM prefill are ready)."""
     clock = FakeClock()
     speech, silence = np.full(16000, 0.5, np.float32), np.zeros(32000, np.float32)
     parts = [np.zeros(8000, np.float32), speech]
@@ -153,18 +160,26 @@ async def stop_after(answer: float, gap_s: float = 0.0) -> tuple[SpeechStopped, 
         parts += [np.zeros(int(16000 * gap_s), np.float32), speech]
     audio = np.concatenate([*parts, silence])
 
+    model = FakeTurnModel(answer)
+    worker, turn_worker = ModelWorker("test-vad"), ModelWorker("test-turn")
+    judge = TurnJudge(model, turn_worker, words=words is not None)
+    paused_at: list[float] = []
+
     async def frames():  # 20 ms frames, in real time: the model's answer comes between two of them
         for i in range(0, len(audio), 320):
             clock.advance(0.02)
             await asyncio.sleep(0.002)
+            if judge.turn_id is not None:
+                paused_at.append(paused_at[-1] if paused_at else clock.now())
+                if words is not None and clock.now() - paused_at[0] >= 0.3:
+                    judge.words(judge.turn_id, words)
+            else:
+                paused_at.clear()
             yield AudioFrame(audio[i:i + 320], clock.now())
 
-    cfg = EndpointingConfig(min_speech_ms=96, end_silence_ms=480, early_final_ms=192, incomplete_silence_ms=960,
-                            turn_threshold=0.95)
-    model = FakeTurnModel(answer)
-    worker, turn_worker = ModelWorker("test-vad"), ModelWorker("test-turn")
-    events = [e async for e in vad_stage(frames(), ScriptedVad(), worker, cfg, clock, turn=model,
-                                         turn_worker=turn_worker)]
+    cfg = EndpointingConfig(**{"min_speech_ms": 96, "end_silence_ms": 480, "early_final_ms": 192,
+                               "max_patience_ms": 960, **settings})
+    events = [e async for e in vad_stage(frames(), ScriptedVad(), worker, cfg, clock, judge=judge)]
     worker.shutdown()
     turn_worker.shutdown()
     stops = [e for e in events if isinstance(e, SpeechStopped)]
@@ -175,7 +190,7 @@ async def stop_after(answer: float, gap_s: float = 0.0) -> tuple[SpeechStopped, 
 async def test_vad_stage_ends_the_turn_at_a_pause_the_model_calls_complete() -> None:
     stopped, model, _ = await stop_after(0.99)
     assert model.heard and model.heard[0] / 16000 >= 1.0  # it heard the turn's speech
-    assert stopped.turn_probability == 0.99
+    assert stopped.turn_probability == pytest.approx(0.99)
     assert stopped.audio_ms == pytest.approx(1500, abs=32)
     # decided within a few windows of the 192 ms pause, not after 480 or 960 ms of silence
     assert stopped.at - stopped.ended_at < 0.35
@@ -188,3 +203,28 @@ async def test_vad_stage_waits_out_a_pause_the_model_calls_unfinished() -> None:
     assert stopped.turn_probability is None
     assert stopped.at - stopped.ended_at == pytest.approx(0.96, abs=0.06)
     assert sum(isinstance(e, SpeechPaused) for e in events) == 2
+
+
+async def test_the_words_end_a_turn_the_sound_left_in_doubt() -> None:
+    """The sound says 0.3 (doubt: the whole patience), the words 0.96 once the pause has lasted
+    300 ms: with the words weighed, the turn ends then, not after 960 ms."""
+    fused = {"text_weight": 2.0, "text_neutral": -2.0, "sure_probability": 0.9, "doubt_probability": 0.5}
+    stopped, _, _ = await stop_after(0.3, words=0.96, **fused)
+    assert stopped.turn_probability is not None and stopped.turn_probability > 0.9
+    assert 0.192 + 0.3 <= stopped.at - stopped.ended_at < 0.6  # the pause, then 300 ms for the words
+    waited, _, _ = await stop_after(0.3, words=0.0001, **fused)  # "what time does the": it waits
+    assert waited.turn_probability is None and waited.at - waited.ended_at == pytest.approx(0.96, abs=0.06)
+
+
+def test_the_policy_is_today_s_rule_at_its_defaults_and_grades_patience_otherwise() -> None:
+    today = TurnPolicy(EndpointingConfig(audio_weight=1.0, text_weight=0.0, bias=0.0, sure_probability=0.95,
+                                         doubt_probability=0.95, max_patience_ms=1500))
+    assert today.wait_ms(Evidence(audio=0.96)) == 0 and today.wait_ms(Evidence(audio=0.94)) == 1500
+    assert today.wait_ms(Evidence(audio=0.94, text=1.0)) == 1500  # the words weigh nothing there
+    graded = TurnPolicy(EndpointingConfig(text_weight=1.0, text_neutral=-2.0, sure_probability=0.9,
+                                          doubt_probability=0.1, max_patience_ms=1000))
+    assert graded.wait_ms(Evidence()) == 1000  # nothing known yet: the whole patience
+    assert graded.wait_ms(Evidence(audio=0.5)) == pytest.approx(500)  # halfway between the marks
+    assert graded.probability(Evidence(audio=0.5, text=math.exp(-2.0))) == pytest.approx(0.5)  # neutral words
+    assert graded.wait_ms(Evidence(audio=0.5, text=1e-9)) == 1000  # "the" at the end: no
+    assert graded.wait_ms(Evidence(audio=0.5, text=0.95)) < graded.wait_ms(Evidence(audio=0.5))  # a "?": sooner

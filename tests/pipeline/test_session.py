@@ -548,6 +548,8 @@ async def test_a_preemptive_reply_overtaken_by_new_speech_is_dropped_unreported(
     now = session.clock.now
     await session._on_input(SpeechStarted(1, now(), 0.0))
     await session._on_input(TranscriptEarly(1, "Tell me", now()))  # the pause: a preemptive reply starts
+    assert session.words_task is not None
+    await session.words_task  # (once the words were weighed)
     assert session.reply is not None and session.reply.preemptive
     await asyncio.sleep(0.05)  # it is being written
     await session._on_input(SpeechStopped(1, now(), 900.0, now()))
@@ -582,5 +584,47 @@ async def test_a_failed_reply_tells_the_caller_its_code_not_the_exception_text()
     (error,) = [e for e in out.events if isinstance(e, ErrorEvent)]
     assert error.code == "internal_error" and "/srv/models" not in error.message
     assert "/srv/models" in (done_events(out)[0].error or "")  # the call's record keeps it, for QA
+    await session.audio_in.put(None)
+    await task
+
+
+def judged_session(llm: FakeLLM, finals: list[str]) -> tuple[Session, RecordingOutbound]:
+    """No end-of-turn model: the words alone decide (weighted in, a 2 s patience without them)."""
+    session, out = make_session(llm, finals)
+    endpointing = EndpointingConfig(min_speech_ms=64, early_final_ms=192, prefix_padding_ms=100, text_weight=1.0,
+                                    text_neutral=-4.0, sure_probability=0.9, doubt_probability=0.2,
+                                    max_patience_ms=2000)
+    session.config = replace(session.config, endpointing=endpointing)
+    return session, out
+
+
+async def pause_with_words(session: Session, out: RecordingOutbound) -> SpeechStopped:
+    """The caller stops: a pause (192 ms of silence), then, once its words were weighed, 3 s more."""
+    await speak(session, 0.256, False)
+    for _ in range(2000):
+        if session.words_task is not None and session.words_task.done():
+            break
+        await asyncio.sleep(0.005)
+    await speak(session, 3.0, False)
+    await out.wait(lambda: any(isinstance(e, SpeechStopped) for e in out.events))
+    return next(e for e in out.events if isinstance(e, SpeechStopped))
+
+
+@pytest.mark.parametrize(("probability", "ends_by"), [(0.99, "words"), (1e-6, "patience")])
+async def test_the_words_probability_from_the_llm_ends_the_turn_or_asks_for_patience(
+        probability: float, ends_by: str) -> None:
+    llm = FakeLLM(["Booked."])
+    llm.end_of_turn = lambda words: probability
+    session, out = judged_session(llm, ["Book a table for two."])
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    stop = await pause_with_words(session, out)
+    assert llm.asked_end_of_turn == ["Book a table for two."]
+    if ends_by == "words":  # sure words end the turn as soon as they are known: the policy's decision
+        assert stop.turn_probability is not None and stop.turn_probability > 0.9
+    else:  # words that cannot end a message: the whole patience (2 s), and the silence ends it
+        assert stop.turn_probability is None
+    await out.wait(lambda: done_events(out))
+    assert done_events(out)[0].text == "Booked."
     await session.audio_in.put(None)
     await task

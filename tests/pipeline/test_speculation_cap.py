@@ -58,7 +58,8 @@ async def test_a_cap_reaches_the_running_generation_at_its_next_step() -> None:
 async def test_a_barge_in_lifts_the_cap_for_the_rest_of_the_call() -> None:
     llm = speculative_llm()
     session, out = make_session(llm, ["Tell me a story.", "Stop."])  # type: ignore[arg-type]
-    session.config = PipelineConfig(session.config.endpointing, session.config.asr, session.config.chunker,
+    endpointing = session.config.endpointing.model_copy(update={"text_signal": False})  # turns end on silence
+    session.config = PipelineConfig(endpointing, session.config.asr, session.config.chunker,
                                     SessionConfig(output_lead_ms=0, output_chunk_ms=20, speculation_relax_s=0.8),
                                     SamplingParams(temperature=0.7, max_tokens=120))
     assert isinstance(session.conversation, EmbeddedConversation)

@@ -1,0 +1,73 @@
+"""The end-of-turn evidence at the caller's latest pause, gathered where each kind is made.
+
+The VAD stage starts a pause (`pause`): the end-of-turn model hears the turn's audio on its worker.
+The session, once the transcript made at the pause is ready (TranscriptEarly), asks the language
+model how likely the caller's message ends with those words and hands the answer over (`words`).
+The VAD stage reads `evidence()` at every window of the pause and ends the turn when the policy
+(pipeline/turn_policy.py) says the silence so far is enough. A resumption or the turn's end clears
+it. One judge per session; everything runs on the event loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+
+from core.worker import ModelWorker
+from models.protocols import TurnDetector
+from pipeline.turn_policy import Evidence
+
+log = logging.getLogger(__name__)
+
+
+class TurnJudge:
+    def __init__(self, audio_model: TurnDetector | None, worker: ModelWorker, words: bool) -> None:
+        """`words`: whether the session will hand over the words' probability at pauses."""
+        self.audio_model = audio_model
+        self.worker = worker
+        self.expects_words = words
+        self.turn_id: int | None = None  # the turn whose pause is being judged, if any
+        self._audio: asyncio.Future[float] | None = None
+        self._text: float | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether there is any evidence to gather (else turns end on silence alone)."""
+        return self.audio_model is not None or self.expects_words
+
+    def pause(self, turn_id: int, audio: np.ndarray) -> None:
+        """A pause began in turn `turn_id`: ask the end-of-turn model about `audio` (its last 8 s)."""
+        self.clear()
+        self.turn_id = turn_id
+        if self.audio_model is not None:
+            self._audio = asyncio.ensure_future(self.worker.run(self.audio_model.probability, audio))
+
+    def words(self, turn_id: int, probability: float | None) -> None:
+        """The language model's probability that the caller's message ends with the words said up to
+        the pause of turn `turn_id` (ignored once that pause is over)."""
+        if turn_id == self.turn_id and probability is not None:
+            self._text = probability
+
+    def clear(self) -> None:
+        """The pause is over (the caller went on, or the turn ended)."""
+        if self._audio is not None:
+            self._audio.cancel()
+        self.turn_id, self._audio, self._text = None, None, None
+
+    def evidence(self) -> Evidence:
+        return Evidence(audio=self._audio_answer(), text=self._text)
+
+    def _audio_answer(self) -> float | None:
+        """The model's probability once it has answered; None before, or if it failed (the pause is
+        then judged on the words, or on silence)."""
+        task = self._audio
+        if task is None or not task.done() or task.cancelled():
+            return None
+        exc = task.exception()
+        if exc is not None:
+            log.warning("the end-of-turn model failed (%s); this pause is judged without it", exc)
+            self._audio = None
+            return None
+        return task.result()

@@ -1,0 +1,85 @@
+"""The end-of-turn decision at a pause, from two kinds of evidence:
+
+- the sound: the end-of-turn model's probability that the caller has finished (Smart Turn, from the
+  turn's audio; ready ~0.1 s into the pause);
+- the words: the language model's probability that the caller's message ends with the words said
+  so far (its chat template's end-of-message token after the transcript made at the pause; ready
+  when that transcript and one LLM prefill are, ~0.3 s into the pause on 2 cores). "What time does
+  the" gets ~0, "What time does the pharmacy close?" ~0.96, whatever the voice.
+
+Fused in log-odds, a missing kind counting as neutral:
+
+    z = audio_weight * logit(p_audio) + text_weight * (clip(log p_text, -12, 0) - text_neutral) + bias
+    p = sigmoid(z)
+
+and the pause the caller is given follows from it: none at or above `sure_probability`, the whole
+`max_patience_ms` at or below `doubt_probability`, in between in proportion. The decision is taken
+again at every VAD window of the pause, so a later, surer answer (the words after the sound) ends
+the turn as soon as the silence so far is enough for it. Without any evidence yet, or without
+either model, the pause waits `max_patience_ms` (or `end_silence_ms`, with no model at all).
+
+Today's audio-only rule ("end at the pause if p_audio >= 0.95, else after 1.5 s") is the special
+case audio_weight 1, text_weight 0, bias 0, sure = doubt = 0.95, max_patience_ms 1500.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from pipeline.config import EndpointingConfig
+
+LOG_FLOOR = -12.0  # log p_text below this says no more: "the" never ends a question
+EDGE = 1e-4  # probabilities are clipped this far from 0 and 1 before their logit
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What is known at a pause: each probability once its model has answered."""
+
+    audio: float | None = None
+    text: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.audio is None and self.text is None
+
+
+def bare_words(text: str) -> str:
+    """The transcript without its final punctuation: Whisper ends even a cut-off phrase with "?" or
+    ".", and the language model believes it ("Can you book me a table for?" gets 0.9)."""
+    return re.sub(r"[\s.?!,;:…-]+$", "", text.strip())
+
+
+def _logit(p: float) -> float:
+    p = min(1.0 - EDGE, max(EDGE, p))
+    return math.log(p / (1.0 - p))
+
+
+class TurnPolicy:
+    def __init__(self, config: EndpointingConfig) -> None:
+        self.config = config
+
+    def probability(self, evidence: Evidence) -> float | None:
+        """The fused probability that the caller has finished, or None with no evidence."""
+        if evidence.empty:
+            return None
+        cfg = self.config
+        z = cfg.bias
+        if evidence.audio is not None:
+            z += cfg.audio_weight * _logit(evidence.audio)
+        if evidence.text is not None:
+            log_text = max(LOG_FLOOR, math.log(max(evidence.text, 1e-30)))
+            z += cfg.text_weight * (log_text - cfg.text_neutral)
+        return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
+
+    def wait_ms(self, evidence: Evidence) -> float:
+        """How much silence this evidence asks for before the turn ends (from the pause's start)."""
+        cfg = self.config
+        p = self.probability(evidence)
+        if p is None or p <= cfg.doubt_probability:
+            return float(cfg.max_patience_ms)
+        if p >= cfg.sure_probability:
+            return 0.0
+        return cfg.max_patience_ms * (cfg.sure_probability - p) / (cfg.sure_probability - cfg.doubt_probability)
