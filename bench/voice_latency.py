@@ -4,7 +4,9 @@ Streams spoken questions to the service in real time in 20 ms frames, each on a 
 prints per-stage p50/p95 of the turn's latency marks (ms since the server's speech_end) and the
 true voice-to-voice latency: from the end of speech in the input audio to the first reply audio
 byte received by the client. The caller's voice is hibari's (a neural voice, the closest to a
-person's here) or espeak-ng's (robotic; `--voice espeak`).
+person's here), espeak-ng's (robotic; `--voice espeak`), or any voice of bench/voices.py by name
+(`--voice piper-joe`, `--voice flite-awb`, `--voice flite-rms-phone`: voices the end-of-turn
+settings were not chosen on, see bench/turn_set.py).
 
     .venv/bin/python bench/voice_latency.py                 # starts its own server (defaults)
     .venv/bin/python bench/voice_latency.py --url ws://127.0.0.1:8000/ws --repeat 3
@@ -89,6 +91,15 @@ def question_audio(question: str, tmp: Path, rate: int, tag: str = "") -> np.nda
 
 
 def _speak(question: str, tmp: Path, rate: int, tag: str) -> np.ndarray:
+    if VOICE not in ("hibari", "espeak"):
+        from bench.turn_set import pick_voices
+        from bench.voices import Renderer, families
+
+        picked = pick_voices(families(), [VOICE])
+        if not picked:
+            raise SystemExit(f"no voice {VOICE!r} here: see `.venv/bin/python bench/voices.py` for the voices")
+        audio = resample(Renderer().say(picked[0], question), 16000, rate)
+        return (np.clip(audio, -1, 1) * 32767).astype(np.int16)
     if VOICE == "espeak":
         samples, _ = read_wav(espeak_wav(question, tmp / f"q{abs(hash(question))}{tag}.wav", rate))
         return samples
@@ -362,7 +373,8 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="VOICE_AGENT_X=Y",
                         help="a setting for the server this script starts (repeatable)")
     parser.add_argument("--json", help="also write every turn to this file")
-    parser.add_argument("--voice", choices=("hibari", "espeak"), default="hibari", help="the caller's voice")
+    parser.add_argument("--voice", default="hibari",
+                        help="the caller's voice: hibari, espeak, or a voice of bench/voices.py by name")
     parser.add_argument("--baseline", metavar="VOICE_AGENT_X=Y,...",
                         help="also run a server with these settings added, side by side")
     parser.add_argument("--concurrency", nargs="?", const="1,2,4,8", metavar="N,N,...",

@@ -1,0 +1,170 @@
+"""The end-of-turn evidence at every pause of the turn-detection set (bench/turn_set.py), gathered once
+and cached, so that bench/turn_detection.py can try any decision rule on it in seconds.
+
+Each sample runs through the real Silero VAD and `pipeline.endpointing.Endpointer`, window by window,
+as `vad_stage` does, with the turn never ended (so that every pause is seen). At each pause (silence of
+`early_final_ms`), as the service does it:
+- the sound: Smart Turn v3.2 hears the turn's audio (from its start less the prefix padding, up to
+  the pause; its last 8 s);
+- the words: the service's recognizer (faster-whisper, asr.model, asr.beam_size) transcribes the
+  same audio (the early final transcript), and the embedded LLM (llm.model, the default system
+  prompt) gives its probability that the caller's message ends with those words
+  (`EmbeddedConversation.end_of_turn`).
+Kept per pause: when it began, the silence and position of each of its VAD windows until the caller
+went on (or the audio ended), both probabilities, the transcript, and each model's time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from bench.turn_set import Sample
+from core.clock import MonotonicClock
+from models.asr_faster_whisper import FasterWhisperRecognizer
+from models.cache import cache_root, resolve
+from models.config import AsrConfig, LlmConfig
+from models.llm_embedded import EmbeddedLLM
+from models.llm_factory import load_embedded
+from models.protocols import ChatMessage
+from models.turn_smart import SmartTurn
+from models.vad_silero import SileroVad
+from pipeline.config import DEFAULT_SYSTEM_PROMPT, EndpointingConfig
+from pipeline.endpointing import TURN_MODEL_S, Endpointer
+from pipeline.turn_policy import bare_words
+
+RATE = 16000
+WINDOW_MS = 1000.0 * SileroVad.window_samples / RATE
+CACHE_VERSION = 1
+
+
+@dataclass
+class Pause:
+    sample: str
+    at_ms: float  # when the pause was heard (early_final_ms of silence): the evidence is asked for here
+    silence_from_ms: float  # where the silence began
+    windows_ms: list[float]  # the end of each VAD window from the pause on, while it lasts
+    silence_ms: list[float]  # the silence counted at each of those windows
+    p_audio: float
+    p_text: float | None  # on the transcript as written
+    p_text_bare: float | None  # on the transcript without its final punctuation (whisper ends a cut with "?")
+    words: str
+    audio_ms: float  # Smart Turn's inference time
+    asr_ms: float
+    llm_ms: float
+
+
+class Gatherer:
+    """The three models, loaded once; `pauses(sample)` gives the sample's pauses with their evidence."""
+
+    def __init__(self, early_final_ms: int, threads: int = 1) -> None:
+        self.config = EndpointingConfig(early_final_ms=early_final_ms, max_patience_ms=600_000)
+        self.vad = SileroVad()
+        self.turn = SmartTurn(resolve("smart-turn-v3.2-cpu"), threads=threads)
+        self.asr_config = AsrConfig()
+        self.asr = FasterWhisperRecognizer(self.asr_config)
+        self.llm_config = LlmConfig()
+        self.llm: EmbeddedLLM = load_embedded(self.llm_config, MonotonicClock(), sequences=2)
+        self.loop = asyncio.new_event_loop()
+        self.conversation = self.llm.conversation()
+        self.system = ChatMessage("system", DEFAULT_SYSTEM_PROMPT)
+        self.turn.probability(np.zeros(RATE, np.float32))  # warm up
+        self.asr.transcribe(np.zeros(RATE, np.float32))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.llm.aclose())
+        self.loop.close()
+
+    def pauses(self, sample: Sample) -> list[Pause]:
+        probs = self.vad.new_stream().probabilities(sample.audio)
+        endpointer = Endpointer(self.config, WINDOW_MS, judged=True)
+        out: list[Pause] = []
+        open_pause: Pause | None = None
+        turn_start_ms = 0.0
+        for prob in probs:
+            decision = endpointer.feed(prob)
+            now = endpointer.position_ms
+            if open_pause is not None and endpointer.in_pause():
+                open_pause.windows_ms.append(now)
+                open_pause.silence_ms.append(endpointer.silence_ms)
+            if decision is None:
+                continue
+            if decision.kind == "start":
+                turn_start_ms = decision.audio_ms
+            elif decision.kind == "pause":
+                start = int(max(0.0, turn_start_ms - self.config.prefix_padding_ms) * RATE / 1000)
+                open_pause = self._ask(sample, start, int(now * RATE / 1000), now, decision.audio_ms)
+                open_pause.windows_ms.append(now)
+                open_pause.silence_ms.append(endpointer.silence_ms)
+                out.append(open_pause)
+            elif decision.kind in ("resume", "stop"):
+                open_pause = None
+        return out
+
+    def _ask(self, sample: Sample, start: int, end: int, at_ms: float, silence_from_ms: float) -> Pause:
+        audio = sample.audio[start:end]
+        began = time.perf_counter()
+        p_audio = self.turn.probability(audio[-int(TURN_MODEL_S * RATE):])
+        audio_ms = 1000 * (time.perf_counter() - began)
+        began = time.perf_counter()
+        words = self.asr.transcribe(audio).strip()
+        asr_ms = 1000 * (time.perf_counter() - began)
+        began = time.perf_counter()
+        p_text = self._end_of_turn(words)
+        llm_ms = 1000 * (time.perf_counter() - began)
+        p_bare = self._end_of_turn(bare_words(words))
+        return Pause(sample.id, at_ms, silence_from_ms, [], [], round(p_audio, 5), p_text, p_bare, words,
+                     round(audio_ms, 1), round(asr_ms, 1), round(llm_ms, 1))
+
+    def _end_of_turn(self, words: str) -> float | None:
+        if not words:
+            return None
+        messages = (self.system, ChatMessage("user", words))
+        p = self.loop.run_until_complete(self.conversation.end_of_turn(messages))
+        return None if p is None else float(f"{p:.4g}")
+
+
+def evidence_key(early_final_ms: int) -> str:
+    """What the evidence depends on, besides the sample's audio: the settings and the models."""
+    return repr((CACHE_VERSION, EndpointingConfig(early_final_ms=early_final_ms).model_dump(),
+                 AsrConfig().model_dump(), LlmConfig().model, DEFAULT_SYSTEM_PROMPT, "smart-turn-v3.2-cpu"))
+
+
+def gather(samples: list[Sample], early_final_ms: int, say: Any = print) -> dict[str, list[Pause]]:
+    """Every sample's pauses, from the cache (bench-audio/turn_evidence) or measured now."""
+    folder = cache_root() / "bench-audio" / "turn_evidence"
+    folder.mkdir(parents=True, exist_ok=True)
+    gatherer: Gatherer | None = None
+    out: dict[str, list[Pause]] = {}
+    began, measured = time.perf_counter(), 0
+    key = evidence_key(early_final_ms)
+    try:
+        for n, sample in enumerate(samples):
+            digest = hashlib.sha256(sample.audio.tobytes()).hexdigest()[:16]
+            path = folder / f"{early_final_ms}-{sample.id.replace('/', '_')}-{digest}.json"
+            if path.is_file():
+                cached = json.loads(path.read_text())
+                if cached["key"] == key:
+                    out[sample.id] = [Pause(**p) for p in cached["pauses"]]
+                    continue
+            if gatherer is None:
+                say("loading Silero VAD, Smart Turn v3.2, whisper and the LLM to gather end-of-turn evidence")
+                gatherer = Gatherer(early_final_ms)
+            pauses = gatherer.pauses(sample)
+            path.write_text(json.dumps({"key": key, "pauses": [asdict(p) for p in pauses]}))
+            out[sample.id] = pauses
+            measured += 1
+            if measured % 50 == 0:
+                say(f"  evidence: {n + 1}/{len(samples)} samples ({measured} measured, "
+                    f"{time.perf_counter() - began:.0f} s)")
+    finally:
+        if gatherer is not None:
+            gatherer.close()
+    return out
+
