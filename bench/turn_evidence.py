@@ -9,9 +9,10 @@ as `vad_stage` does, with the turn never ended (so that every pause is seen). At
 - the words: the service's recognizer (faster-whisper, asr.model, asr.beam_size) transcribes the
   same audio (the early final transcript), and the embedded LLM (llm.model, the default system
   prompt) gives its probability that the caller's message ends with those words
-  (`EmbeddedConversation.end_of_turn`).
+  (`EmbeddedConversation.end_of_turn` on `bare_words(transcript)`, as the session asks it).
 Kept per pause: when it began, the silence and position of each of its VAD windows until the caller
-went on (or the audio ended), both probabilities, the transcript, and each model's time.
+went on (or the audio ended), both probabilities, the transcript, and each model's time. The words'
+probability depends on the transcript alone, so it is cached apart, by transcript (`weigh_words`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ from pipeline.turn_policy import bare_words
 
 RATE = 16000
 WINDOW_MS = 1000.0 * SileroVad.window_samples / RATE
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+WORDS_VERSION = 2
+# the settings where the pauses are (the decision's own do not change the evidence)
+VAD_FIELDS = {"threshold", "neg_threshold", "min_speech_ms", "prefix_padding_ms", "max_turn_s", "early_final_ms"}
 
 
 @dataclass
@@ -52,8 +56,7 @@ class Pause:
     windows_ms: list[float]  # the end of each VAD window from the pause on, while it lasts
     silence_ms: list[float]  # the silence counted at each of those windows
     p_audio: float
-    p_text: float | None  # on the transcript as written
-    p_text_bare: float | None  # on the transcript without its final punctuation (whisper ends a cut with "?")
+    p_text: float | None  # the words' probability: filled in by weigh_words
     words: str
     audio_ms: float  # Smart Turn's inference time
     asr_ms: float
@@ -69,17 +72,8 @@ class Gatherer:
         self.turn = SmartTurn(resolve("smart-turn-v3.2-cpu"), threads=threads)
         self.asr_config = AsrConfig()
         self.asr = FasterWhisperRecognizer(self.asr_config)
-        self.llm_config = LlmConfig()
-        self.llm: EmbeddedLLM = load_embedded(self.llm_config, MonotonicClock(), sequences=2)
-        self.loop = asyncio.new_event_loop()
-        self.conversation = self.llm.conversation()
-        self.system = ChatMessage("system", DEFAULT_SYSTEM_PROMPT)
         self.turn.probability(np.zeros(RATE, np.float32))  # warm up
         self.asr.transcribe(np.zeros(RATE, np.float32))
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.llm.aclose())
-        self.loop.close()
 
     def pauses(self, sample: Sample) -> list[Pause]:
         probs = self.vad.new_stream().probabilities(sample.audio)
@@ -115,25 +109,60 @@ class Gatherer:
         began = time.perf_counter()
         words = self.asr.transcribe(audio).strip()
         asr_ms = 1000 * (time.perf_counter() - began)
-        began = time.perf_counter()
-        p_text = self._end_of_turn(words)
-        llm_ms = 1000 * (time.perf_counter() - began)
-        p_bare = self._end_of_turn(bare_words(words))
-        return Pause(sample.id, at_ms, silence_from_ms, [], [], round(p_audio, 5), p_text, p_bare, words,
-                     round(audio_ms, 1), round(asr_ms, 1), round(llm_ms, 1))
+        return Pause(sample.id, at_ms, silence_from_ms, [], [], round(p_audio, 5), None, words,
+                     round(audio_ms, 1), round(asr_ms, 1), 0.0)
 
-    def _end_of_turn(self, words: str) -> float | None:
-        if not words:
-            return None
-        messages = (self.system, ChatMessage("user", words))
+
+class WordsJudge:
+    """The embedded LLM (llm.model, the default system prompt), asked as the session asks it."""
+
+    def __init__(self) -> None:
+        self.llm: EmbeddedLLM = load_embedded(LlmConfig(), MonotonicClock(), sequences=2)
+        self.loop = asyncio.new_event_loop()
+        self.conversation = self.llm.conversation()
+        self.system = ChatMessage("system", DEFAULT_SYSTEM_PROMPT)
+        self.probability("Hello there.")  # the system prompt's prefill is not a pause's cost
+
+    def probability(self, words: str) -> tuple[float | None, float]:
+        """(P(the message ends with these words), ms taken)."""
+        began = time.perf_counter()
+        messages = (self.system, ChatMessage("user", bare_words(words)))
         p = self.loop.run_until_complete(self.conversation.end_of_turn(messages))
-        return None if p is None else float(f"{p:.4g}")
+        return (None if p is None else float(f"{p:.4g}")), round(1000 * (time.perf_counter() - began), 1)
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.llm.aclose())
+        self.loop.close()
+
+
+def weigh_words(evidence: dict[str, list[Pause]], say: Any = print) -> None:
+    """Fill in each pause's words' probability and the LLM's time, from the cache or asked now."""
+    path = cache_root() / "bench-audio" / "turn_evidence" / "words.json"
+    key = repr((WORDS_VERSION, LlmConfig().model, DEFAULT_SYSTEM_PROMPT))
+    cached: dict[str, list[Any]] = {}
+    if path.is_file() and (stored := json.loads(path.read_text()))["key"] == key:
+        cached = stored["words"]
+    wanted = sorted({p.words for ps in evidence.values() for p in ps if p.words and p.words not in cached})
+    if wanted:
+        say(f"loading the LLM to weigh {len(wanted)} transcripts")
+        judge = WordsJudge()
+        try:
+            for n, words in enumerate(wanted):
+                cached[words] = list(judge.probability(words))
+                if (n + 1) % 200 == 0:
+                    say(f"  words: {n + 1}/{len(wanted)}")
+        finally:
+            judge.close()
+        path.write_text(json.dumps({"key": key, "words": cached}))
+    for ps in evidence.values():
+        for p in ps:
+            p.p_text, p.llm_ms = cached[p.words] if p.words else (None, 0.0)
 
 
 def evidence_key(early_final_ms: int) -> str:
     """What the evidence depends on, besides the sample's audio: the settings and the models."""
-    return repr((CACHE_VERSION, EndpointingConfig(early_final_ms=early_final_ms).model_dump(),
-                 AsrConfig().model_dump(), LlmConfig().model, DEFAULT_SYSTEM_PROMPT, "smart-turn-v3.2-cpu"))
+    vad = EndpointingConfig(early_final_ms=early_final_ms).model_dump(include=VAD_FIELDS)
+    return repr((CACHE_VERSION, vad, AsrConfig().model_dump(), "smart-turn-v3.2-cpu"))
 
 
 def gather(samples: list[Sample], early_final_ms: int, say: Any = print) -> dict[str, list[Pause]]:
@@ -144,27 +173,24 @@ def gather(samples: list[Sample], early_final_ms: int, say: Any = print) -> dict
     out: dict[str, list[Pause]] = {}
     began, measured = time.perf_counter(), 0
     key = evidence_key(early_final_ms)
-    try:
-        for n, sample in enumerate(samples):
-            digest = hashlib.sha256(sample.audio.tobytes()).hexdigest()[:16]
-            path = folder / f"{early_final_ms}-{sample.id.replace('/', '_')}-{digest}.json"
-            if path.is_file():
-                cached = json.loads(path.read_text())
-                if cached["key"] == key:
-                    out[sample.id] = [Pause(**p) for p in cached["pauses"]]
-                    continue
-            if gatherer is None:
-                say("loading Silero VAD, Smart Turn v3.2, whisper and the LLM to gather end-of-turn evidence")
-                gatherer = Gatherer(early_final_ms)
-            pauses = gatherer.pauses(sample)
-            path.write_text(json.dumps({"key": key, "pauses": [asdict(p) for p in pauses]}))
-            out[sample.id] = pauses
-            measured += 1
-            if measured % 50 == 0:
-                say(f"  evidence: {n + 1}/{len(samples)} samples ({measured} measured, "
-                    f"{time.perf_counter() - began:.0f} s)")
-    finally:
-        if gatherer is not None:
-            gatherer.close()
+    for n, sample in enumerate(samples):
+        digest = hashlib.sha256(sample.audio.tobytes()).hexdigest()[:16]
+        path = folder / f"{early_final_ms}-{sample.id.replace('/', '_')}-{digest}.json"
+        if path.is_file():
+            cached = json.loads(path.read_text())
+            if cached["key"] == key:
+                out[sample.id] = [Pause(**p) for p in cached["pauses"]]
+                continue
+        if gatherer is None:
+            say("loading Silero VAD, Smart Turn v3.2, and whisper to gather end-of-turn evidence")
+            gatherer = Gatherer(early_final_ms)
+        pauses = gatherer.pauses(sample)
+        path.write_text(json.dumps({"key": key, "pauses": [asdict(p) for p in pauses]}))
+        out[sample.id] = pauses
+        measured += 1
+        if measured % 50 == 0:
+            say(f"  evidence: {n + 1}/{len(samples)} samples ({measured} measured, "
+                f"{time.perf_counter() - began:.0f} s)")
+    weigh_words(out, say)
     return out
 

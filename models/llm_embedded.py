@@ -116,6 +116,18 @@ class EmbeddedLLM:
                 return tuple(rendered[end:]) or None
         return None
 
+    @functools.cached_property
+    def sentence_marks(self) -> tuple[int, ...]:
+        """The tokens of ".", "?" and "!" (those that are one token each)."""
+        ids = [self.lm.encode(mark) for mark in (".", "?", "!")]
+        return tuple(i[0] for i in ids if len(i) == 1)
+
+
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits.astype(np.float64) - float(logits.max())
+    exp = np.exp(shifted)
+    return exp / exp.sum()
+
 
 class EmbeddedConversation:
     def __init__(self, llm: EmbeddedLLM, decoding: SessionDecoding, context_tokens: int) -> None:
@@ -204,6 +216,13 @@ class EmbeddedConversation:
         return await self.llm.worker.run_by(self.llm.clock.now(), self._end_of_turn, messages)
 
     def _end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:
+        """P(the message ends) + P(a sentence mark: ".", "?", "!") after the last message's words,
+        from one prefill. The words come without their final punctuation (pipeline.turn_policy.
+        bare_words): Whisper puts a "?" even after "Can you book me a table for", and the model
+        trusts it; asked whether a mark would come there, it knows better. A sentence's end, not the
+        message's: a chat user often goes on after "Thank you for your help." (0.02), a caller who
+        said it is done (0.9 for the mark). On the turn-detection set it tells complete turns from
+        cut ones better than the message's end (ROC AUC 0.93 against 0.91), and costs no more."""
         marker = self.llm.end_of_message
         assert marker is not None
         if self.generating:  # a reply began meanwhile: its cache is not this prompt's to change
@@ -212,8 +231,8 @@ class EmbeddedConversation:
         if tuple(prompt[-len(marker):]) != marker or len(prompt) + 1 > self.context_tokens:
             return None
         logits, _ = self.llm.lm.prefill(self._state(), prompt[:-len(marker)])
-        shifted = logits.astype(np.float64) - float(logits.max())
-        return float(np.exp(shifted[marker[0]]) / np.exp(shifted).sum())
+        p = _softmax(logits)
+        return min(1.0, float(p[marker[0]] + sum(p[m] for m in self.llm.sentence_marks)))
 
     def set_speculation_cap(self, cap: int | None) -> None:
         self.decoding.cap = cap

@@ -164,9 +164,10 @@ class Conversation(Protocol):
 
     async def end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:
         """The model's probability that the last message (the caller's words so far) ends there: the
-        chance of its chat template's end-of-message token after the text. None where the backend
-        cannot tell (a remote server). What the embedded engine computes for it stays in its cache,
-        so a reply to the same words starts from there: the text signal costs one logit read."""
+        chance of its chat template's end-of-message token, or of a sentence mark, after the text.
+        None where the backend cannot tell (a remote server). What the embedded engine computes for
+        it stays in its cache, so a reply to the same words starts from there: the text signal costs
+        one logit read."""
         ...
 
     def set_speculation_cap(self, cap: int | None) -> None:

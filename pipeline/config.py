@@ -11,6 +11,16 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
+class SoundAlone(BaseModel):
+    """The decision on the end-of-turn model's answer alone, chosen like the fused one ("audio, tuned")."""
+
+    audio_weight: float = Field(0.25, gt=0, description="weight of the end-of-turn model's log-odds")
+    bias: float = Field(-2.0, description="added to the log-odds")
+    sure_probability: float = Field(0.8, gt=0, lt=1, description="at or above this the turn ends at once")
+    doubt_probability: float = Field(
+        0.05, gt=0, lt=1, description="at or below this the caller gets the whole max_patience_ms")
+
+
 class EndpointingConfig(BaseModel):
     threshold: float = Field(0.5, gt=0, lt=1, description="speech probability that counts as speech")
     neg_threshold: float | None = Field(None, description="below this counts as silence (default threshold - 0.15)")
@@ -24,29 +34,35 @@ class EndpointingConfig(BaseModel):
         150, ge=0, description="a pause: after this much silence the end-of-turn evidence is gathered (the "
         "end-of-turn model is asked, the final transcript starts, and from it the LLM's end-of-message "
         "probability) and the turn may end (0: none of it; the turn ends after end_silence_ms)")
-    # The decision at a pause (pipeline/turn_policy.py): both kinds of evidence fused in log-odds, and
-    # the silence waited shrinking as the fused probability grows. Chosen with bench/turn_detection.py.
+    # The decision at a pause (pipeline/turn_policy.py): the evidence fused in log-odds, and the silence
+    # waited shrinking as the fused probability grows. Chosen with bench/turn_detection.py on hibari's and
+    # espeak-ng's voices, each family judged apart (docs/bench/turn_detection.txt): the words alone came
+    # out best on every family, the sound (Smart Turn) adding cut-offs on one family for speed on another.
     text_signal: bool = Field(
-        True, description="use the words: the LLM's probability that the caller's message ends with the words "
-        "transcribed at the pause (the embedded engine; with llm.engine=openai the sound alone decides)")
-    audio_weight: float = Field(1.0, ge=0, description="weight of the end-of-turn model's log-odds")
-    text_weight: float = Field(0.0, ge=0, description="weight of the words' end-of-message log-probability")
+        True, description="use the words: the LLM's probability that the caller's sentence ends with the words "
+        "transcribed at the pause (the embedded engine; with llm.engine=openai, `without_words` decides)")
+    audio_weight: float = Field(0.0, ge=0, description="weight of the end-of-turn model's log-odds (0: not asked)")
+    text_weight: float = Field(0.5, ge=0, description="weight of the words' log-probability")
     text_neutral: float = Field(
-        -2.0, le=0, description="the words' log-probability that counts as no evidence either way")
-    bias: float = Field(0.0, description="added to the fused log-odds")
+        -3.0, le=0, description="the words' (natural) log-probability that counts as no evidence either way")
+    bias: float = Field(-1.0, description="added to the fused log-odds")
     sure_probability: float = Field(
         0.95, gt=0, lt=1, description="a fused probability at or above this ends the turn at once")
     doubt_probability: float = Field(
-        0.95, gt=0, lt=1, description="at or below this the caller gets the whole max_patience_ms; in between, "
+        0.05, gt=0, lt=1, description="at or below this the caller gets the whole max_patience_ms; in between, "
         "in proportion")
     max_patience_ms: int = Field(
         1500, ge=64, description="the longest pause waited out before the turn ends (the evidence said unfinished, "
         "or none came)")
+    without_words: SoundAlone = Field(
+        default_factory=lambda: SoundAlone(), description="the decision where the words are not weighed "
+        "(text_signal false, or an LLM that gives no probabilities: llm.engine=openai)")
 
     @model_validator(mode="after")
     def _marks_in_order(self) -> EndpointingConfig:
-        if self.doubt_probability > self.sure_probability:
-            raise ValueError("endpointing.doubt_probability must not be above endpointing.sure_probability")
+        for name, rule in (("endpointing", self), ("endpointing.without_words", self.without_words)):
+            if rule.doubt_probability > rule.sure_probability:
+                raise ValueError(f"{name}.doubt_probability must not be above {name}.sure_probability")
         return self
 
 

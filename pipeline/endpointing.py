@@ -137,8 +137,10 @@ async def vad_stage(
     the silence so far reaches it, the turn ends. Turns are numbered from `turn_ids` (the session's,
     which numbers its keypad turns from the same counter), or from 1."""
     window_ms = 1000.0 * window_samples / sample_rate
+    policy = TurnPolicy(config, words=judge is not None and judge.expects_words)
+    if judge is not None:
+        judge.listens = policy.hears
     judged = judge is not None and judge.active and config.early_final_ms > 0
-    policy = TurnPolicy(config)
     endpointer = Endpointer(config, window_ms, judged=judged)
     # Audio kept from before a detected start: the padding plus the speech that confirmed it.
     keep = int(sample_rate * (config.prefix_padding_ms + config.min_speech_ms) / 1000) + window_samples

@@ -69,6 +69,7 @@ from pipeline.history import prompt_window
 from pipeline.llm_stage import llm_stage
 from pipeline.tts_stage import tts_stage
 from pipeline.turn_judge import TurnJudge
+from pipeline.turn_policy import bare_words
 from pipeline.turns import PhraseLedger, Turn
 
 log = logging.getLogger(__name__)
@@ -346,7 +347,8 @@ class Session:
         probability = None
         if self.config.endpointing.text_signal:
             try:
-                probability = await self.conversation.end_of_turn((*self._prompt(), ChatMessage("user", words)))
+                asked = (*self._prompt(), ChatMessage("user", bare_words(words)))
+                probability = await self.conversation.end_of_turn(asked)
             except Exception as exc:  # the words are evidence; without them the sound decides
                 log.warning("turn %d: the LLM's end-of-turn probability failed: %s", turn_id, exc)
             if probability is not None:

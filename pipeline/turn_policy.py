@@ -2,10 +2,11 @@
 
 - the sound: the end-of-turn model's probability that the caller has finished (Smart Turn, from the
   turn's audio; ready ~0.1 s into the pause);
-- the words: the language model's probability that the caller's message ends with the words said
-  so far (its chat template's end-of-message token after the transcript made at the pause; ready
-  when that transcript and one LLM prefill are, ~0.3 s into the pause on 2 cores). "What time does
-  the" gets ~0, "What time does the pharmacy close?" ~0.96, whatever the voice.
+- the words: the language model's probability that the caller's sentence ends with the words said
+  so far (its chat template's end-of-message token or a sentence mark after the transcript made at
+  the pause, without Whisper's own final mark; ready when that transcript and one LLM prefill are,
+  ~0.25 s into the pause on 2 cores). "What time does the" gets ~1e-6, "What time does the pharmacy
+  close" ~0.9, whatever the voice.
 
 Fused in log-odds, a missing kind counting as neutral:
 
@@ -15,10 +16,11 @@ Fused in log-odds, a missing kind counting as neutral:
 and the pause the caller is given follows from it: none at or above `sure_probability`, the whole
 `max_patience_ms` at or below `doubt_probability`, in between in proportion. The decision is taken
 again at every VAD window of the pause, so a later, surer answer (the words after the sound) ends
-the turn as soon as the silence so far is enough for it. Without any evidence yet, or without
-either model, the pause waits `max_patience_ms` (or `end_silence_ms`, with no model at all).
+the turn as soon as the silence so far is enough for it. Without any evidence yet, the pause waits
+`max_patience_ms`. Where the words will not come (an LLM that gives no probabilities), the
+`without_words` rule weighs the sound alone.
 
-Today's audio-only rule ("end at the pause if p_audio >= 0.95, else after 1.5 s") is the special
+The rule before this one ("end at the pause if p_audio >= 0.95, else after 1.5 s") is the special
 case audio_weight 1, text_weight 0, bias 0, sure = doubt = 0.95, max_patience_ms 1500.
 """
 
@@ -57,29 +59,53 @@ def _logit(p: float) -> float:
     return math.log(p / (1.0 - p))
 
 
+@dataclass(frozen=True)
+class Rule:
+    audio_weight: float
+    text_weight: float
+    text_neutral: float
+    bias: float
+    sure_probability: float
+    doubt_probability: float
+
+
 class TurnPolicy:
-    def __init__(self, config: EndpointingConfig) -> None:
-        self.config = config
+    """`words`: whether the words' probability will come (else the `without_words` rule decides)."""
+
+    def __init__(self, config: EndpointingConfig, words: bool = True) -> None:
+        self.max_patience_ms = config.max_patience_ms
+        if words and config.text_signal:
+            self.rule = Rule(config.audio_weight, config.text_weight, config.text_neutral, config.bias,
+                             config.sure_probability, config.doubt_probability)
+        else:
+            alone = config.without_words
+            self.rule = Rule(alone.audio_weight, 0.0, 0.0, alone.bias, alone.sure_probability,
+                             alone.doubt_probability)
+
+    @property
+    def hears(self) -> bool:
+        """Whether the end-of-turn model's answer counts (else it need not be asked)."""
+        return self.rule.audio_weight > 0
 
     def probability(self, evidence: Evidence) -> float | None:
         """The fused probability that the caller has finished, or None with no evidence."""
         if evidence.empty:
             return None
-        cfg = self.config
-        z = cfg.bias
+        rule = self.rule
+        z = rule.bias
         if evidence.audio is not None:
-            z += cfg.audio_weight * _logit(evidence.audio)
+            z += rule.audio_weight * _logit(evidence.audio)
         if evidence.text is not None:
             log_text = max(LOG_FLOOR, math.log(max(evidence.text, 1e-30)))
-            z += cfg.text_weight * (log_text - cfg.text_neutral)
+            z += rule.text_weight * (log_text - rule.text_neutral)
         return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, z))))
 
     def wait_ms(self, evidence: Evidence) -> float:
         """How much silence this evidence asks for before the turn ends (from the pause's start)."""
-        cfg = self.config
+        rule = self.rule
         p = self.probability(evidence)
-        if p is None or p <= cfg.doubt_probability:
-            return float(cfg.max_patience_ms)
-        if p >= cfg.sure_probability:
+        if p is None or p <= rule.doubt_probability:
+            return float(self.max_patience_ms)
+        if p >= rule.sure_probability:
             return 0.0
-        return cfg.max_patience_ms * (cfg.sure_probability - p) / (cfg.sure_probability - cfg.doubt_probability)
+        return self.max_patience_ms * (rule.sure_probability - p) / (rule.sure_probability - rule.doubt_probability)

@@ -7,7 +7,7 @@ import pytest
 
 from core.clock import FakeClock
 from core.worker import ModelWorker
-from pipeline.config import EndpointingConfig
+from pipeline.config import EndpointingConfig, SoundAlone
 from pipeline.endpointing import Endpointer, vad_stage
 from pipeline.events import AudioFrame, SpeechAudio, SpeechPaused, SpeechStarted, SpeechStopped
 from pipeline.turn_judge import TurnJudge
@@ -148,6 +148,10 @@ class FakeTurnModel:
         return self.answer
 
 
+# the sound alone, as it decided before the words were weighed: the model's yes (>= 0.95) ends the turn
+SOUND_RULE = SoundAlone(audio_weight=1.0, bias=0.0, sure_probability=0.95, doubt_probability=0.95)
+
+
 async def stop_after(answer: float, gap_s: float = 0.0, words: float | None = None,
                      **settings: Any) -> tuple[SpeechStopped, FakeTurnModel, list[object]]:
     """One second of speech (a second burst after `gap_s` of silence, if given), then silence. With
@@ -178,7 +182,7 @@ async def stop_after(answer: float, gap_s: float = 0.0, words: float | None = No
             yield AudioFrame(audio[i:i + 320], clock.now())
 
     cfg = EndpointingConfig(**{"min_speech_ms": 96, "end_silence_ms": 480, "early_final_ms": 192,
-                               "max_patience_ms": 960, **settings})
+                               "max_patience_ms": 960, "without_words": SOUND_RULE, **settings})
     events = [e async for e in vad_stage(frames(), ScriptedVad(), worker, cfg, clock, judge=judge)]
     worker.shutdown()
     turn_worker.shutdown()
@@ -208,7 +212,8 @@ async def test_vad_stage_waits_out_a_pause_the_model_calls_unfinished() -> None:
 async def test_the_words_end_a_turn_the_sound_left_in_doubt() -> None:
     """The sound says 0.3 (doubt: the whole patience), the words 0.96 once the pause has lasted
     300 ms: with the words weighed, the turn ends then, not after 960 ms."""
-    fused = {"text_weight": 2.0, "text_neutral": -2.0, "sure_probability": 0.9, "doubt_probability": 0.5}
+    fused = {"audio_weight": 1.0, "bias": 0.0, "text_weight": 2.0, "text_neutral": -2.0, "sure_probability": 0.9,
+             "doubt_probability": 0.5}
     stopped, _, _ = await stop_after(0.3, words=0.96, **fused)
     assert stopped.turn_probability is not None and stopped.turn_probability > 0.9
     assert 0.192 + 0.3 <= stopped.at - stopped.ended_at < 0.6  # the pause, then 300 ms for the words
@@ -221,10 +226,30 @@ def test_the_policy_is_today_s_rule_at_its_defaults_and_grades_patience_otherwis
                                          doubt_probability=0.95, max_patience_ms=1500))
     assert today.wait_ms(Evidence(audio=0.96)) == 0 and today.wait_ms(Evidence(audio=0.94)) == 1500
     assert today.wait_ms(Evidence(audio=0.94, text=1.0)) == 1500  # the words weigh nothing there
-    graded = TurnPolicy(EndpointingConfig(text_weight=1.0, text_neutral=-2.0, sure_probability=0.9,
-                                          doubt_probability=0.1, max_patience_ms=1000))
+    graded = TurnPolicy(EndpointingConfig(audio_weight=1.0, bias=0.0, text_weight=1.0, text_neutral=-2.0,
+                                          sure_probability=0.9, doubt_probability=0.1, max_patience_ms=1000))
     assert graded.wait_ms(Evidence()) == 1000  # nothing known yet: the whole patience
     assert graded.wait_ms(Evidence(audio=0.5)) == pytest.approx(500)  # halfway between the marks
     assert graded.probability(Evidence(audio=0.5, text=math.exp(-2.0))) == pytest.approx(0.5)  # neutral words
     assert graded.wait_ms(Evidence(audio=0.5, text=1e-9)) == 1000  # "the" at the end: no
     assert graded.wait_ms(Evidence(audio=0.5, text=0.95)) < graded.wait_ms(Evidence(audio=0.5))  # a "?": sooner
+
+
+async def test_at_the_defaults_the_words_decide_and_the_sound_is_not_asked() -> None:
+    """The defaults weigh the words alone (bench/turn_detection.py chose so): the end-of-turn model is
+    not run, and sure words end the turn once they are in."""
+    defaults = EndpointingConfig()
+    assert TurnPolicy(defaults).hears is False and TurnPolicy(defaults, words=False).hears is True
+    stopped, model, _ = await stop_after(0.99, words=0.97, without_words=defaults.without_words)
+    assert model.heard == []
+    assert stopped.turn_probability is not None
+    assert 0.192 + 0.3 <= stopped.at - stopped.ended_at < 0.96  # after the words, before the patience
+
+
+def test_without_words_the_sound_alone_decides_by_its_own_rule() -> None:
+    cfg = EndpointingConfig()
+    alone = TurnPolicy(cfg, words=False)
+    sure, unsure = alone.wait_ms(Evidence(audio=0.9999)), alone.wait_ms(Evidence(audio=0.3))
+    assert sure < unsure < cfg.max_patience_ms  # the surer, the sooner: graded, not one threshold
+    assert alone.wait_ms(Evidence(audio=0.0001)) == cfg.max_patience_ms  # unfinished: the whole patience
+    assert TurnPolicy(cfg.model_copy(update={"text_signal": False})).rule == alone.rule
