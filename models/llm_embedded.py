@@ -209,8 +209,9 @@ class EmbeddedConversation:
         yield GenerationDone(stats)
 
     async def end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:
-        """P(the template's end-of-message token) after the last message's text, from the logits
-        of a prefill of the conversation up to there: a head start for the reply, due at once."""
+        """The chance that the caller's sentence ends after the last message's text (see
+        `_end_of_turn`), from the logits of a prefill of the conversation up to there: a head start
+        for the reply, due at once."""
         if self.llm.end_of_message is None:
             return None
         return await self.llm.worker.run_by(self.llm.clock.now(), self._end_of_turn, messages)

@@ -32,7 +32,7 @@ class EndpointingConfig(BaseModel):
     max_turn_s: float = Field(30.0, gt=1, description="a turn longer than this is ended")
     early_final_ms: int = Field(
         150, ge=0, description="a pause: after this much silence the end-of-turn evidence is gathered (the "
-        "end-of-turn model is asked, the final transcript starts, and from it the LLM's end-of-message "
+        "end-of-turn model is asked, the final transcript starts, and from it the LLM's end-of-sentence "
         "probability) and the turn may end (0: none of it; the turn ends after end_silence_ms)")
     # The decision at a pause (pipeline/turn_policy.py): the evidence fused in log-odds, and the silence
     # waited shrinking as the fused probability grows. Chosen with bench/turn_detection.py on hibari's and

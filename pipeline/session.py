@@ -342,7 +342,7 @@ class Session:
 
     async def _weigh_words(self, turn_id: int, words: str) -> None:
         """The caller paused, and their words so far are transcribed: the language model's
-        probability that their message ends there goes to the end-of-turn judge; then the reply
+        probability that their sentence ends there goes to the end-of-turn judge; then the reply
         starts preemptively on those words (from the cache that computation left: one prefill)."""
         probability = None
         if self.config.endpointing.text_signal:

@@ -2,7 +2,7 @@
 
 The VAD stage starts a pause (`pause`): the end-of-turn model hears the turn's audio on its worker.
 The session, once the transcript made at the pause is ready (TranscriptEarly), asks the language
-model how likely the caller's message ends with those words and hands the answer over (`words`).
+model how likely the caller's sentence ends with those words and hands the answer over (`words`).
 The VAD stage reads `evidence()` at every window of the pause and ends the turn when the policy
 (pipeline/turn_policy.py) says the silence so far is enough. A resumption or the turn's end clears
 it. One judge per session; everything runs on the event loop's thread.
@@ -47,7 +47,7 @@ class TurnJudge:
             self._audio = asyncio.ensure_future(self.worker.run(self.audio_model.probability, audio))
 
     def words(self, turn_id: int, probability: float | None) -> None:
-        """The language model's probability that the caller's message ends with the words said up to
+        """The language model's probability that the caller's sentence ends with the words said up to
         the pause of turn `turn_id` (ignored once that pause is over)."""
         if turn_id == self.turn_id and probability is not None:
             self._text = probability
