@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,9 +21,11 @@ from app.store.traces import TurnTracer, make_tracer
 from core.clock import Clock
 from core.errors import VoiceAgentError
 from models import registry
+from models.protocols import TurnDetector
 from models.vllm_metrics import VllmMetricsPoller
 from pipeline.events import ResponseDone
 from pipeline.session import Backends, PipelineConfig
+from pipeline.turn_policy import TurnPolicy
 
 log = logging.getLogger(__name__)
 
@@ -208,10 +211,6 @@ def load_backends(settings: Settings, clock: Clock, say: object = print) -> Back
     report = say if callable(say) else print
     report("loading VAD")
     vad = registry.load_vad(settings.vad)
-    turn = registry.load_turn(settings.turn)  # None when turn.engine is off
-    if turn is not None:
-        report(f"loaded the end-of-turn model ({settings.turn.model})")
-        turn.probability(np.zeros(turn.sample_rate, dtype=np.float32))
     report(f"loading ASR ({settings.asr.engine}, {settings.asr.model})")
     asr = registry.load_asr(settings.asr)
     asr.transcribe(np.zeros(asr.sample_rate, dtype=np.float32))
@@ -228,5 +227,19 @@ def load_backends(settings: Settings, clock: Clock, say: object = print) -> Back
     warm_up = getattr(llm, "warm_up", None)
     if callable(warm_up):
         warm_up(settings.session.system_prompt)
-    return Backends(vad=vad, asr=asr, tts=tts, llm=llm, turn=turn)
+    return Backends(vad=vad, asr=asr, tts=tts, llm=llm, turn=_load_turn(settings, llm.weighs_words, report))
+
+
+def _load_turn(settings: Settings, llm_weighs_words: bool, report: Callable[[str], object]) -> TurnDetector | None:
+    """The end-of-turn model, if the end-of-turn decision weighs its answer at these settings (at the
+    defaults, with the embedded LLM, the words alone decide); None when turn.engine is off."""
+    words = settings.endpointing.text_signal and llm_weighs_words
+    if not TurnPolicy(settings.endpointing, words).hears:
+        report("the end-of-turn model is not loaded: the words decide (endpointing.audio_weight is 0)")
+        return None
+    turn = registry.load_turn(settings.turn)
+    if turn is not None:
+        report(f"loaded the end-of-turn model ({settings.turn.model})")
+        turn.probability(np.zeros(turn.sample_rate, dtype=np.float32))
+    return turn
 

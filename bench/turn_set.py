@@ -23,7 +23,6 @@ import difflib
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -332,18 +331,6 @@ def build_set(voices: list[Voice], human: dict[str, list[HumanUtterance]], rende
         builder.human(name, utterances[:limit], v)
     return builder.samples, builder.skipped
 
-
-def save_audio(samples: list[Sample], folder: Path) -> None:
-    """The set's audio as 16-bit WAVs (for listening to what a figure was measured on)."""
-    import wave
-
-    folder.mkdir(parents=True, exist_ok=True)
-    for s in samples:
-        with wave.open(str(folder / (s.id.replace("/", "_") + ".wav")), "wb") as out:
-            out.setnchannels(1)
-            out.setsampwidth(2)
-            out.setframerate(RATE)
-            out.writeframes((np.clip(s.audio, -1, 1) * 32767).astype("<i2").tobytes())
 
 
 # The voices of bench/turn_detection.py: the settings are chosen on TUNED's families and reported on

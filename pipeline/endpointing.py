@@ -28,7 +28,6 @@ from pipeline.events import (
     SpeechStopped,
 )
 from pipeline.turn_judge import TurnJudge
-from pipeline.turn_policy import TurnPolicy
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +136,6 @@ async def vad_stage(
     the silence so far reaches it, the turn ends. Turns are numbered from `turn_ids` (the session's,
     which numbers its keypad turns from the same counter), or from 1."""
     window_ms = 1000.0 * window_samples / sample_rate
-    policy = TurnPolicy(config, words=judge is not None and judge.expects_words)
-    if judge is not None:
-        judge.listens = policy.hears
     judged = judge is not None and judge.active and config.early_final_ms > 0
     endpointer = Endpointer(config, window_ms, judged=judged)
     # Audio kept from before a detected start: the padding plus the speech that confirmed it.
@@ -171,8 +167,8 @@ async def vad_stage(
                 answer: float | None = None
                 if decision is None and judge is not None and judged and endpointer.in_pause():
                     evidence = judge.evidence()
-                    if endpointer.silence_ms >= policy.wait_ms(evidence):  # enough silence for what is known
-                        answer = policy.probability(evidence)
+                    if endpointer.silence_ms >= judge.policy.wait_ms(evidence):  # enough silence for what is known
+                        answer = judge.policy.probability(evidence)
                         decision = endpointer.end_turn()
                 if endpointer.in_speech or (decision is not None and decision.kind == "stop"):
                     if decision is not None and decision.kind == "start":

@@ -69,7 +69,7 @@ from pipeline.history import prompt_window
 from pipeline.llm_stage import llm_stage
 from pipeline.tts_stage import tts_stage
 from pipeline.turn_judge import TurnJudge
-from pipeline.turn_policy import bare_words
+from pipeline.turn_policy import TurnPolicy, bare_words
 from pipeline.turns import PhraseLedger, Turn
 
 log = logging.getLogger(__name__)
@@ -216,16 +216,17 @@ class Session:
         self.dtmf_timer: asyncio.Task[None] | None = None
         self.closed = False  # the caller has gone: nothing new starts (a keypad turn in flight included)
         # the end-of-turn evidence at the caller's pauses: the sound's (the VAD stage asks), the words'
-        self.judge = TurnJudge(backends.turn, backends.turn_worker, words=False)  # set up by run()
+        self.judge: TurnJudge | None = None  # made by run(), with the settings the call runs with
         self.words_task: asyncio.Task[None] | None = None  # weighing the words said up to a pause
 
     # -- the input line --------------------------------------------------------------------------
     async def run(self) -> None:
         """Run until `audio_in` yields None (the caller hung up), then stop any reply."""
         self._prepare(tuple(self.history))
-        self.judge.expects_words = self.config.endpointing.text_signal and self.backends.llm.weighs_words
-        vad_stream = self.backends.vad.new_stream()
         b = self.backends
+        words = self.config.endpointing.text_signal and b.llm.weighs_words
+        self.judge = TurnJudge(TurnPolicy(self.config.endpointing, words), b.turn, b.turn_worker, words)
+        vad_stream = b.vad.new_stream()
         speech = vad_stage(self._frames(), vad_stream, b.vad_worker, self.config.endpointing, self.clock,
                            b.vad.sample_rate, b.vad.window_samples, self.judge, self.turn_ids)
         events = asr_stage(speech, self.backends.asr, self.backends.asr_worker, self.config.asr, self.clock,
@@ -344,16 +345,16 @@ class Session:
         """The caller paused, and their words so far are transcribed: the language model's
         probability that their sentence ends there goes to the end-of-turn judge; then the reply
         starts preemptively on those words (from the cache that computation left: one prefill)."""
-        probability = None
-        if self.config.endpointing.text_signal:
+        probability, judge = None, self.judge
+        if judge is not None and judge.expects_words:
             try:
                 asked = (*self._prompt(), ChatMessage("user", bare_words(words)))
                 probability = await self.conversation.end_of_turn(asked)
             except Exception as exc:  # the words are evidence; without them the sound decides
                 log.warning("turn %d: the LLM's end-of-turn probability failed: %s", turn_id, exc)
             if probability is not None:
-                log.debug("turn %d: P(end of message | %r) = %.3f", turn_id, words, probability)
-        self.judge.words(turn_id, probability)
+                log.debug("turn %d: P(end of sentence | %r) = %.3f", turn_id, words, probability)
+            judge.words(turn_id, probability)
         turn = self.turns.get(turn_id) or Turn(turn_id)
         if (self.config.session.preemptive and self.reply is None and self.pending_barge is None
                 and turn_id == self.last_started and not self.closed and "asr_final" not in turn.marks):

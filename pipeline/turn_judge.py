@@ -17,19 +17,20 @@ import numpy as np
 
 from core.worker import ModelWorker
 from models.protocols import TurnDetector
-from pipeline.turn_policy import Evidence
+from pipeline.turn_policy import Evidence, TurnPolicy
 
 log = logging.getLogger(__name__)
 
 
 class TurnJudge:
-    def __init__(self, audio_model: TurnDetector | None, worker: ModelWorker, words: bool) -> None:
-        """`words`: whether the session will hand over the words' probability at pauses. The model is
-        asked only where the policy weighs its answer (`listens`)."""
-        self.audio_model = audio_model
+    def __init__(self, policy: TurnPolicy, audio_model: TurnDetector | None, worker: ModelWorker,
+                 words: bool) -> None:
+        """`policy`: the decision the evidence is for; the model is asked only where it weighs the
+        model's answer. `words`: whether the session will hand over the words' probability."""
+        self.policy = policy
+        self.audio_model = audio_model if policy.hears else None
         self.worker = worker
         self.expects_words = words
-        self.listens = True
         self.turn_id: int | None = None  # the turn whose pause is being judged, if any
         self._audio: asyncio.Future[float] | None = None
         self._text: float | None = None
@@ -37,13 +38,13 @@ class TurnJudge:
     @property
     def active(self) -> bool:
         """Whether there is any evidence to gather (else turns end on silence alone)."""
-        return (self.audio_model is not None and self.listens) or self.expects_words
+        return self.audio_model is not None or self.expects_words
 
     def pause(self, turn_id: int, audio: np.ndarray) -> None:
         """A pause began in turn `turn_id`: ask the end-of-turn model about `audio` (its last 8 s)."""
         self.clear()
         self.turn_id = turn_id
-        if self.audio_model is not None and self.listens:
+        if self.audio_model is not None:
             self._audio = asyncio.ensure_future(self.worker.run(self.audio_model.probability, audio))
 
     def words(self, turn_id: int, probability: float | None) -> None:

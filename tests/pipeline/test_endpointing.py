@@ -166,7 +166,6 @@ async def stop_after(answer: float, gap_s: float = 0.0, words: float | None = No
 
     model = FakeTurnModel(answer)
     worker, turn_worker = ModelWorker("test-vad"), ModelWorker("test-turn")
-    judge = TurnJudge(model, turn_worker, words=words is not None)
     paused_at: list[float] = []
 
     async def frames():  # 20 ms frames, in real time: the model's answer comes between two of them
@@ -183,6 +182,7 @@ async def stop_after(answer: float, gap_s: float = 0.0, words: float | None = No
 
     cfg = EndpointingConfig(**{"min_speech_ms": 96, "end_silence_ms": 480, "early_final_ms": 192,
                                "max_patience_ms": 960, "without_words": SOUND_RULE, **settings})
+    judge = TurnJudge(TurnPolicy(cfg, words is not None), model, turn_worker, words=words is not None)
     events = [e async for e in vad_stage(frames(), ScriptedVad(), worker, cfg, clock, judge=judge)]
     worker.shutdown()
     turn_worker.shutdown()

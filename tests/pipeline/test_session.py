@@ -601,10 +601,13 @@ def judged_session(llm: FakeLLM, finals: list[str]) -> tuple[Session, RecordingO
 async def pause_with_words(session: Session, out: RecordingOutbound) -> SpeechStopped:
     """The caller stops: a pause (192 ms of silence), then, once its words were weighed, 3 s more."""
     await speak(session, 0.256, False)
-    for _ in range(2000):
-        if session.words_task is not None and session.words_task.done():
-            break
-        await asyncio.sleep(0.005)
+
+    async def weighed() -> None:  # the pause is heard, its words transcribed and weighed
+        while session.words_task is None:
+            await asyncio.sleep(0.005)
+        await asyncio.shield(session.words_task)
+
+    await asyncio.wait_for(weighed(), 30)
     await speak(session, 3.0, False)
     await out.wait(lambda: any(isinstance(e, SpeechStopped) for e in out.events))
     return next(e for e in out.events if isinstance(e, SpeechStopped))
