@@ -17,6 +17,7 @@ from typing import Protocol
 from models.lm import CausalLM, LMState, Logits
 from models.protocols import GenerationStats, SamplingParams
 from models.sampling import make_generator, probabilities, sample
+from models.tool_guide import GuideState, ToolGuide
 
 
 class Decoder(Protocol):
@@ -32,21 +33,60 @@ class Decoder(Protocol):
 
 
 class PlainDecoder:
-    """One target forward pass per token."""
+    """One target forward pass per token; with a tool guide, the grammar's mask on each choice and
+    its forced tokens emitted without a pass (they are fed with the next step's token)."""
 
     method = "off"
 
-    def __init__(self, lm: CausalLM, state: LMState, params: SamplingParams, stats: GenerationStats) -> None:
+    def __init__(self, lm: CausalLM, state: LMState, params: SamplingParams, stats: GenerationStats,
+                 guide: ToolGuide | None = None) -> None:
         self.lm, self.state, self.params, self.stats = lm, state, params, stats
         self.rng = make_generator(params.seed)
+        self.guide = guide
+        self.position: GuideState | None = guide.start() if guide else None
+        self.unfed: list[int] = []  # tokens produced but not in the cache yet, before the pending one
 
     def first(self, prompt: list[int]) -> list[int]:
-        logits, self.stats.prefill_tokens = self.lm.prefill(self.state, prompt)  # [V]
-        return [self._pick(logits)]
+        opening = self._opening()
+        logits, self.stats.prefill_tokens = self.lm.prefill(self.state, prompt + opening)  # [V]
+        return opening + self._choose(logits)
 
     def next(self, pending: int, budget: int) -> list[int]:
-        logits = self.lm.extend(self.state, [pending])[-1]  # [V]
-        return [self._pick(logits)]
+        logits = self.lm.extend(self.state, [*self.unfed, pending])[-1]  # [V]
+        return self._choose(logits)
+
+    def _opening(self) -> list[int]:
+        """What the reply must start with (a tool call the request requires), fed with the prompt."""
+        if self.guide is None or self.position is None:
+            return []
+        opening: list[int] = []
+        for token in self.guide.opening():
+            self.position = self.guide.advance(self.position, token)
+            assert self.position is not None
+            opening.append(token)
+        forced, self.position = self.guide.forced(self.position)
+        self.stats.forced_tokens += len(opening) + len(forced)
+        return opening + forced
+
+    def _choose(self, logits: Logits) -> list[int]:
+        """The next token, then whatever the grammar forces after it."""
+        if self.guide is None or self.position is None:
+            return [self._pick(logits)]
+        token = self._pick(self.guide.mask(self.position, logits))
+        return self._after(self.position, [token])
+
+    def _after(self, position: GuideState, tokens: list[int]) -> list[int]:
+        """Move the guide over `tokens` (all allowed), add what it forces, and note what is unfed."""
+        assert self.guide is not None
+        for token in tokens:
+            nxt = self.guide.advance(position, token)
+            assert nxt is not None, "a token the grammar does not allow was chosen"
+            position = nxt
+        forced, self.position = self.guide.forced(position)
+        self.stats.forced_tokens += len(forced)
+        out = [*tokens, *forced]
+        self.unfed = out[:-1]
+        return out
 
     def _pick(self, logits: Logits) -> int:
         if self.params.temperature <= 0:

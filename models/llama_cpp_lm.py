@@ -151,12 +151,15 @@ class LlamaCppLM:
             raise EngineError(f"{self.name}: chat template refused the messages: {message}")
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        # tools' schemas and calls' arguments in their own order (the tool-call grammar keeps it)
+        env.policies["json.dumps_kwargs"] = {"sort_keys": False, "ensure_ascii": False}
         env.globals["raise_exception"] = raise_exception
         return env.from_string(raw.decode("utf-8"))
 
-    def chat_tokens(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def chat_tokens(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
         text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     bos_token="", eos_token="")
+                                     tools=tools or None, bos_token="", eos_token="")
         return self._tokenize(text, special=True)
 
     def encode(self, text: str) -> list[int]:
@@ -191,6 +194,13 @@ class LlamaCppLM:
 
     def token_texts(self) -> list[bytes]:
         return [self._piece(t, special=True) for t in range(self.vocab_size)]
+
+    def token_bytes(self) -> list[bytes]:
+        return [self._piece(t) for t in range(self.vocab_size)]
+
+    def special_id(self, text: str) -> int | None:
+        ids = self._tokenize(text, special=True)
+        return ids[0] if len(ids) == 1 else None
 
     # -- sequences -------------------------------------------------------------------------------
     def new_state(self) -> LMState:

@@ -34,7 +34,16 @@ import httpx
 from core.clock import Clock
 from core.errors import ConfigError, EngineError, LLMUnavailableError, VoiceAgentError
 from models.config import LlmConfig
-from models.protocols import ChatMessage, GenerationDone, GenerationStats, LLMOutput, SamplingParams, TextDelta
+from models.protocols import (
+    ChatMessage,
+    GenerationDone,
+    GenerationStats,
+    LLMOutput,
+    SamplingParams,
+    TextDelta,
+    ToolCallOutput,
+)
+from models.tool_calls import ToolCall, Tools, new_call_id
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +204,8 @@ class OpenAIConversation:
     async def aclose(self) -> None:
         """Nothing to release: the connection pool belongs to the OpenAIChatLLM."""
 
-    async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncGenerator[LLMOutput, None]:
+    async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams,
+                     tools: Tools | None = None) -> AsyncGenerator[LLMOutput, None]:
         llm = self.llm
         started = llm.clock.now()
         attempts = 1 + llm.config.retries_before_first_token
@@ -203,7 +213,8 @@ class OpenAIConversation:
             stats = GenerationStats()
             progress = _Progress()
             try:
-                async with contextlib.aclosing(self._attempt(messages, params, started, stats, progress)) as outputs:
+                async with contextlib.aclosing(self._attempt(messages, params, tools, started, stats,
+                                                             progress)) as outputs:
                     async for output in outputs:
                         yield output
                 return
@@ -221,12 +232,13 @@ class OpenAIConversation:
                             attempt, attempts, wait, exc)
                 await llm.clock.sleep(wait)
 
-    async def _attempt(self, messages: Sequence[ChatMessage], params: SamplingParams, started: float,
-                       stats: GenerationStats, progress: _Progress) -> AsyncGenerator[LLMOutput, None]:
+    async def _attempt(self, messages: Sequence[ChatMessage], params: SamplingParams, tools: Tools | None,
+                       started: float, stats: GenerationStats,
+                       progress: _Progress) -> AsyncGenerator[LLMOutput, None]:
         llm = self.llm
         body: dict[str, Any] = {
             "model": await llm.model_name(),
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "messages": [_message(m) for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             "temperature": params.temperature,
@@ -239,7 +251,13 @@ class OpenAIConversation:
             body["seed"] = params.seed
         if llm.config.send_priority:
             body["priority"] = self._priority()
+        if tools is not None:
+            body["tools"] = [t.as_openai() for t in tools.tools]
+            body["tool_choice"] = tools.choice if tools.must_call() in (None, "") else \
+                {"type": "function", "function": {"name": tools.choice}}
+            body["parallel_tool_calls"] = tools.parallel
         usage: dict[str, Any] | None = None
+        calls: dict[int, dict[str, str]] = {}  # the streamed calls by index: id, name, arguments so far
         try:
             async with llm.client().stream("POST", "/chat/completions", json=body,
                                            headers={"Accept": "text/event-stream"}) as response:
@@ -254,7 +272,9 @@ class OpenAIConversation:
                     async for data in events:
                         if data == "[DONE]":
                             break
-                        text, finish, chunk_usage = self._read_chunk(data)
+                        text, finish, chunk_usage, call_deltas = self._read_chunk(data)
+                        for delta in call_deltas:
+                            _merge_call(calls, delta)
                         if text:
                             if not progress.text_sent:
                                 stats.time_to_first_token_ms = (llm.clock.now() - started) * 1000
@@ -273,6 +293,10 @@ class OpenAIConversation:
             if not progress.finished:
                 raise llm.transport_error(exc) from exc
             log.warning("the LLM stream broke after the reply had finished (%s); keeping the reply", exc)
+        for index in sorted(calls):
+            yield ToolCallOutput(_finished_call(llm.base_url, calls[index]))
+        if calls:
+            stats.finish_reason = "tool_calls"
         _apply_usage(stats, usage, progress.deltas)
         stats.duration_ms = (llm.clock.now() - started) * 1000
         yield GenerationDone(stats)
@@ -300,8 +324,9 @@ class OpenAIConversation:
         if data:
             yield "\n".join(data)
 
-    def _read_chunk(self, data: str) -> tuple[str, str | None, dict[str, Any] | None]:
-        """(text, finish_reason, usage) of one chat.completion.chunk; a streamed error becomes ours."""
+    def _read_chunk(self, data: str) -> tuple[str, str | None, dict[str, Any] | None, list[dict[str, Any]]]:
+        """(text, finish_reason, usage, tool-call deltas) of one chat.completion.chunk; a streamed
+        error becomes ours."""
         base_url = self.llm.base_url
         try:
             chunk = json.loads(data)
@@ -310,14 +335,52 @@ class OpenAIConversation:
             if "error" in chunk:
                 raise _streamed_error(base_url, chunk["error"])
             text, finish = "", None
+            call_deltas: list[dict[str, Any]] = []
             for choice in chunk.get("choices") or []:
-                text += (choice.get("delta") or {}).get("content") or ""
+                delta = choice.get("delta") or {}
+                text += delta.get("content") or ""
+                call_deltas += delta.get("tool_calls") or []
                 finish = choice.get("finish_reason") or finish
             usage = chunk.get("usage")
-            return text, finish, usage if isinstance(usage, dict) else None
+            return text, finish, usage if isinstance(usage, dict) else None, call_deltas
         except (ValueError, TypeError, AttributeError) as exc:
             raise EngineError(f"the LLM server at {base_url} sent a malformed event ({data[:120]!r}: {exc}); is "
                               "llm.base_url an OpenAI-compatible chat completions API?") from exc
+
+
+def _message(m: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.call_id, "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
+
+
+def _merge_call(calls: dict[int, dict[str, str]], delta: Any) -> None:
+    """One streamed piece of a tool call (OpenAI sends the id and name first, the arguments in parts)."""
+    if not isinstance(delta, dict):
+        raise TypeError("a tool_calls delta is not an object")
+    call = calls.setdefault(int(delta.get("index", 0)), {"id": "", "name": "", "arguments": ""})
+    call["id"] = delta.get("id") or call["id"]
+    function = delta.get("function") or {}
+    call["name"] += function.get("name") or ""
+    call["arguments"] += function.get("arguments") or ""
+
+
+def _finished_call(base_url: str, call: dict[str, str]) -> ToolCall:
+    """A streamed call, whole; a server that sent arguments that are not a JSON object is an error
+    (vLLM's parser lets a model's malformed call through as text it could not parse)."""
+    arguments = call["arguments"] or "{}"
+    try:
+        parsed = json.loads(arguments)
+        if not isinstance(parsed, dict):
+            raise TypeError("not an object")
+    except (ValueError, TypeError) as exc:
+        raise EngineError(f"the LLM server at {base_url} sent a call to {call['name']!r} whose arguments are not "
+                          f"a JSON object ({arguments[:120]!r}: {exc})") from exc
+    return ToolCall(call["id"] or new_call_id(), call["name"], json.dumps(parsed, ensure_ascii=False))
 
 
 def _streamed_error(base_url: str, error: Any) -> VoiceAgentError:

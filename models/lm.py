@@ -35,7 +35,10 @@ class CausalLM(Protocol):
     vocab_size: int
     stop_ids: frozenset[int]
 
-    def chat_tokens(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]: ...
+    def chat_tokens(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The chat template's tokens for `messages` (and `tools`, in the Chat Completions shape)."""
+        ...
 
     def encode(self, text: str) -> list[int]:
         """Plain text to token ids (no special tokens added)."""
@@ -47,6 +50,14 @@ class CausalLM(Protocol):
 
     def token_texts(self) -> list[bytes]:
         """Every token id's text, for comparing two models' vocabularies."""
+        ...
+
+    def token_bytes(self) -> list[bytes]:
+        """Every token id's bytes as it reads in plain text (special tokens: b""), for grammars."""
+        ...
+
+    def special_id(self, text: str) -> int | None:
+        """The id of the special token written `text` (e.g. "<tool_call>"), None if there is none."""
         ...
 
     def new_state(self) -> LMState: ...

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from models.tool_calls import ToolCall, Tools
 
 Audio = npt.NDArray[np.float32]  # mono samples in [-1, 1]
 
@@ -62,8 +64,23 @@ class Synthesizer(Protocol):
 
 @dataclass(frozen=True)
 class ChatMessage:
-    role: Literal["system", "user", "assistant"]
+    """One message. An assistant's may end in tool calls; a "tool" message is one call's result."""
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+
+    def as_template(self) -> dict[str, Any]:
+        """The message as chat templates read it (arguments as an object, as Qwen's expects)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"type": "function", "id": c.call_id,
+                                  "function": {"name": c.name, "arguments": c.parsed_arguments()}}
+                                 for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 @dataclass(frozen=True)
@@ -101,6 +118,7 @@ class GenerationStats:
     drafts: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    forced_tokens: int = 0  # emitted because a tool call's grammar left no choice (no model step)
     accepted_per_position: list[int] = field(default_factory=list)
     k_chosen: list[int] = field(default_factory=list)
 
@@ -129,6 +147,7 @@ class GenerationStats:
             "drafts": self.drafts,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "forced_tokens": self.forced_tokens,
             "accepted_per_position": list(self.accepted_per_position),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "mean_acceptance_length": round(self.mean_acceptance_length, 3),
@@ -142,11 +161,18 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ToolCallOutput:
+    """A tool call the reply made, complete (its arguments follow the tool's schema)."""
+
+    call: ToolCall
+
+
+@dataclass(frozen=True)
 class GenerationDone:
     stats: GenerationStats
 
 
-LLMOutput = TextDelta | GenerationDone
+LLMOutput = TextDelta | ToolCallOutput | GenerationDone
 
 
 class Conversation(Protocol):
@@ -157,9 +183,11 @@ class Conversation(Protocol):
         """Optional head start: compute what can be computed before the caller has finished."""
         ...
 
-    def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncGenerator[LLMOutput, None]:
-        """Stream the assistant's reply to `messages`: text deltas, then one GenerationDone.
-        Closing the iterator early cancels the generation."""
+    def stream(self, messages: Sequence[ChatMessage], params: SamplingParams,
+               tools: Tools | None = None) -> AsyncGenerator[LLMOutput, None]:
+        """Stream the assistant's reply to `messages`: text deltas and, where `tools` are offered,
+        each tool call once complete; then one GenerationDone (finish_reason "tool_calls" when the
+        reply made calls). Closing the iterator early cancels the generation."""
         ...
 
     async def end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:

@@ -117,9 +117,10 @@ class TorchLM:
         return cls(model, tokenizer, name)
 
     # -- prompts ---------------------------------------------------------------------------------
-    def chat_tokens(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+    def chat_tokens(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
         ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt, tokenize=True
+            messages, add_generation_prompt=add_generation_prompt, tokenize=True, tools=tools or None
         )
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
@@ -137,6 +138,21 @@ class TorchLM:
             if 0 <= tid < self.vocab_size:
                 texts[tid] = text.encode()
         return texts
+
+    def token_bytes(self) -> list[bytes]:
+        """Byte-level BPE vocabularies (Qwen's, GPT-2's) write each byte as one printable character."""
+        decoder = {ch: byte for byte, ch in _byte_chars().items()}
+        special = set(self.tokenizer.all_special_ids) | {
+            tid for tid, added in getattr(self.tokenizer, "added_tokens_decoder", {}).items() if added.special}
+        texts = [b""] * self.vocab_size
+        for text, tid in self.tokenizer.get_vocab().items():
+            if 0 <= tid < self.vocab_size and tid not in special:
+                texts[tid] = bytes(decoder[ch] for ch in text) if all(ch in decoder for ch in text) else text.encode()
+        return texts
+
+    def special_id(self, text: str) -> int | None:
+        tid = self.tokenizer.convert_tokens_to_ids(text)
+        return tid if isinstance(tid, int) and tid != self.tokenizer.unk_token_id and tid is not None else None
 
     # -- the cache -------------------------------------------------------------------------------
     def new_state(self) -> LMState:
@@ -230,3 +246,17 @@ def measure_quantization(path: str, *, dtype: str = "auto", threads: int = 0) ->
     log.info("quantize auto: a 64-token prompt and 32 tokens cost %.0f ms in %s, %.0f ms with int8 layers: "
              "using %s", float_cost * 1000, dtype, int8_cost * 1000, choice)
     return choice, int8_lm if choice == "int8" else None
+
+
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: printable bytes stand for themselves, the others are moved up
+    past 255 in order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[byte] = chr(byte)
+        else:
+            chars[byte] = chr(256 + extra)
+            extra += 1
+    return chars

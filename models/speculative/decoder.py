@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from core.clock import Clock
 from core.errors import ConfigError
 from models.generation import Decoder, PlainDecoder
@@ -29,6 +31,7 @@ from models.speculative.draft_model import DraftModelProposer, check_compatible
 from models.speculative.ngram import NgramProposer
 from models.speculative.proposer import Proposer
 from models.speculative.verifier import verify_greedy, verify_sampled
+from models.tool_guide import GuideState, ToolGuide
 
 log = logging.getLogger(__name__)
 METHODS = ("off", "ngram", "draft_model")
@@ -40,8 +43,9 @@ PROBE_MIN_MATCH = 3
 
 class SpeculativeDecoder(PlainDecoder):
     def __init__(self, lm: CausalLM, state: LMState, params: SamplingParams, stats: GenerationStats,
-                 proposer: Proposer, controller: KController, costs: CostModel, clock: Clock) -> None:
-        super().__init__(lm, state, params, stats)
+                 proposer: Proposer, controller: KController, costs: CostModel, clock: Clock,
+                 guide: ToolGuide | None = None) -> None:
+        super().__init__(lm, state, params, stats, guide)
         self.method = proposer.name
         self.proposer, self.controller, self.costs, self.clock = proposer, controller, costs, clock
         if len(stats.accepted_per_position) < controller.max_k:
@@ -53,8 +57,9 @@ class SpeculativeDecoder(PlainDecoder):
         if k == 0:
             return self._plain(pending)
         started = self.clock.now()
-        draft = self.proposer.propose([*self.state.tokens, pending], k, self.params, self.rng)
-        drafted = len(draft.tokens)
+        draft = self.proposer.propose([*self.state.tokens, *self.unfed, pending], k, self.params, self.rng)
+        tokens, positions = self._allowed(draft.tokens)
+        drafted = len(tokens)
         weak_probe = self.controller.probing and draft.q is None and draft.matched < PROBE_MIN_MATCH
         if drafted == 0 or weak_probe:
             if self.controller.probing:
@@ -62,16 +67,20 @@ class SpeculativeDecoder(PlainDecoder):
             self.stats.k_chosen[-1] = 0
             return self._plain(pending)
         if draft.source in ("", self.proposer.name):  # a copied draft says nothing of the model's cost
-            self.costs.observe_draft(drafted, self.clock.now() - started)
+            self.costs.observe_draft(len(draft.tokens), self.clock.now() - started)
 
         base = len(self.state.tokens)
+        fed = [*self.unfed, pending, *tokens]
         started = self.clock.now()
-        logits = self.lm.extend(self.state, [pending, *draft.tokens], keep_logits=drafted + 1)  # [k + 1, V]
+        logits = self.lm.extend(self.state, fed, keep_logits=drafted + 1)  # [k + 1, V]
+        if self.guide is not None:
+            logits = np.stack([self.guide.mask(positions[i], logits[i]) for i in range(drafted + 1)])
         if self.params.temperature <= 0:
-            verdict = verify_greedy(logits, draft.tokens)
+            verdict = verify_greedy(logits, tokens)
         else:
-            verdict = verify_sampled(probabilities(logits, self.params), draft.tokens, draft.q, self.rng)
-        self.lm.truncate(self.state, base + 1 + verdict.accepted)
+            q = draft.q[:drafted] if draft.q is not None else None
+            verdict = verify_sampled(probabilities(logits, self.params), tokens, q, self.rng)
+        self.lm.truncate(self.state, base + len(fed) - drafted + verdict.accepted)
         self.costs.observe_verify(drafted, self.clock.now() - started)
 
         self.controller.observe(drafted, verdict.accepted)
@@ -80,7 +89,44 @@ class SpeculativeDecoder(PlainDecoder):
         self.stats.accepted_tokens += verdict.accepted
         for position in range(verdict.accepted):
             self.stats.accepted_per_position[position] += 1
-        return [*draft.tokens[: verdict.accepted], verdict.token]
+        kept = tokens[: verdict.accepted]
+        if self.guide is None:
+            return [*kept, verdict.token]
+        tail = self._tail(positions[verdict.accepted], verdict.token)
+        self.unfed = tail[:-1]
+        return [*kept, *tail]
+
+    def _allowed(self, drafted: list[int]) -> tuple[list[int], list[GuideState]]:
+        """The draft up to its first token the grammar rules out, or up to where the grammar forces
+        what follows (plain decoding jumps forward there, so the step ends there too); and the
+        guide's state before each kept token and after the last."""
+        if self.guide is None or self.position is None:
+            return drafted, []
+        positions = [self.position]
+        for token in drafted:
+            nxt = self.guide.advance(positions[-1], token)
+            if nxt is None:
+                break
+            positions.append(nxt)
+            if self.guide.forced(nxt)[0]:
+                break
+        return drafted[: len(positions) - 1], positions
+
+    def _tail(self, position: GuideState, token: int) -> list[int]:
+        """After the kept drafted tokens: the forced tokens where the grammar has some (the target's
+        own next token is not used there, as plain decoding would not ask for it), else the
+        target's token and what it forces."""
+        assert self.guide is not None
+        forced, after = self.guide.forced(position)
+        if forced:
+            self.position = after
+            self.stats.forced_tokens += len(forced)
+            return forced
+        nxt = self.guide.advance(position, token)
+        assert nxt is not None, "the verifier chose a token the grammar does not allow"
+        forced, self.position = self.guide.forced(nxt)
+        self.stats.forced_tokens += len(forced)
+        return [token, *forced]
 
     def _plain(self, pending: int) -> list[int]:
         started = self.clock.now()
@@ -115,12 +161,13 @@ class SpecSession:
             proposer.close()
         self.proposers.clear()
 
-    def decoder(self, state: LMState, params: SamplingParams, stats: GenerationStats) -> Decoder:
+    def decoder(self, state: LMState, params: SamplingParams, stats: GenerationStats,
+                guide: ToolGuide | None = None) -> Decoder:
         strategy = self.strategy
         method = params.speculation.method if params.speculation else strategy.method
         fixed = params.speculation.k if params.speculation else strategy.fixed_k
         if method == "off" or fixed == 0:
-            return PlainDecoder(strategy.lm, state, params, stats)
+            return PlainDecoder(strategy.lm, state, params, stats, guide)
         if method not in self.proposers:
             self.proposers[method] = strategy.make_proposer(method)
             self.controllers[method] = strategy.make_controller(method)
@@ -128,7 +175,7 @@ class SpecSession:
         controller.fixed_k = fixed
         controller.cap = self.cap
         return SpeculativeDecoder(strategy.lm, state, params, stats, self.proposers[method], controller,
-                                  strategy.costs[method], strategy.clock)
+                                  strategy.costs[method], strategy.clock, guide)
 
 
 class SpeculativeStrategy:

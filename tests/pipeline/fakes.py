@@ -11,6 +11,7 @@ import numpy as np
 
 from core.clock import MonotonicClock
 from models.protocols import Audio, ChatMessage, GenerationDone, GenerationStats, LLMOutput, SamplingParams, TextDelta
+from models.tool_calls import Tools
 from pipeline.events import OutEvent
 
 
@@ -81,7 +82,8 @@ class FakeConversation:
         self.llm.asked_end_of_turn.append(messages[-1].content)
         return self.llm.end_of_turn(messages[-1].content) if self.llm.end_of_turn is not None else None
 
-    async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams) -> AsyncIterator[LLMOutput]:
+    async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams,
+                     tools: Tools | None = None) -> AsyncIterator[LLMOutput]:
         self.llm.requests.append(list(messages))
         reply = self.llm.replies.pop(0)
         for i, word in enumerate(reply.split()):

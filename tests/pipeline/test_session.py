@@ -13,6 +13,7 @@ import pytest
 
 from core.clock import Clock, FakeClock
 from models.protocols import Audio, ChatMessage, LLMOutput, SamplingParams, TextDelta
+from models.tool_calls import Tools
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
 from pipeline.events import (
     AudioFrame,
@@ -186,10 +187,10 @@ class PausingLLM(FakeLLM):
         llm = self
 
         class Pausing(FakeConversation):
-            async def stream(self, messages: Sequence[ChatMessage],
-                             params: SamplingParams) -> AsyncIterator[LLMOutput]:
+            async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams,
+                             tools: Tools | None = None) -> AsyncIterator[LLMOutput]:
                 i = 0
-                async for out in super().stream(messages, params):
+                async for out in super().stream(messages, params, tools):
                     if isinstance(out, TextDelta):
                         i += 1
                         if i == llm.first_words + 2:  # phrase 1 is out once a word follows it

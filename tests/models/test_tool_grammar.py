@@ -1,0 +1,217 @@
+"""Tool declarations, the JSON Schema automaton, and the guide that keeps a reply's tool calls
+well-formed, in plain and speculative decoding (on FakeByteLM, a fake LM whose logits are exact
+functions of the tokens, so plain and speculative outputs can be compared token for token)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.clock import MonotonicClock
+from core.errors import ConfigError
+from models.generation import GenerationLoop, PlainDecoder
+from models.json_nfa import arguments_nfa
+from models.protocols import GenerationStats, SamplingParams, Speculation
+from models.speculative.decoder import SpeculativeStrategy
+from models.tool_calls import ToolCall, Tools, parse_tools
+from models.tool_guide import ReplyReader, ToolGuide
+from tests.models.fake_lm import FakeByteLM
+
+BOOKING = {
+    "type": "object",
+    "properties": {
+        "party_size": {"type": "integer"},
+        "time": {"type": "string"},
+        "day": {"type": "string", "enum": ["today", "tomorrow"]},
+        "outdoor": {"type": "boolean"},
+    },
+    "required": ["party_size", "time"],
+}
+ORDER = {"type": "object", "properties": {"order_number": {"type": "string"}, "items": {
+    "type": "array", "items": {"type": "object", "properties": {"sku": {"type": "string"}, "qty": {"type": "number"}},
+                               "required": ["sku"]}}}, "required": ["order_number"]}
+TOOLS = [{"type": "function", "name": "book_table", "description": "Book a table.", "parameters": BOOKING},
+         {"type": "function", "function": {"name": "order_status", "parameters": ORDER}}]
+
+
+def accepts(schema: dict[str, Any], value: Any) -> bool:
+    nfa = arguments_nfa(schema, "test")
+    return nfa.accepts(nfa.walk(nfa.start(), json.dumps(value).encode()))
+
+
+# -- the automaton -------------------------------------------------------------------------------
+def test_valid_arguments_in_the_canonical_layout_are_accepted() -> None:
+    assert accepts(BOOKING, {"party_size": 2, "time": "19:00"})
+    assert accepts(BOOKING, {"party_size": -10, "time": "7 \"pm\"\n", "day": "tomorrow", "outdoor": False})
+    assert accepts(ORDER, {"order_number": "A-1", "items": [{"sku": "x", "qty": 1.5e3}, {"sku": "y"}]})
+    assert accepts(ORDER, {"order_number": "Zoë", "items": []})
+
+
+@pytest.mark.parametrize("value", [
+    {"time": "19:00"},  # a required member missing
+    {"party_size": "2", "time": "19:00"},  # a string for an integer
+    {"party_size": 2.5, "time": "19:00"},
+    {"party_size": 2, "time": "19:00", "day": "friday"},  # not in the enum
+    {"party_size": 2, "time": "19:00", "smoking": True},  # not declared
+    {"time": "19:00", "party_size": 2},  # another order than declared
+])
+def test_arguments_the_schema_does_not_allow_are_refused(value: dict[str, Any]) -> None:
+    assert not accepts(BOOKING, value)
+
+
+def test_the_layout_fixes_what_it_can_so_it_is_forced() -> None:
+    nfa = arguments_nfa(BOOKING, "test")
+    assert nfa.forced(nfa.start()) == b'{"party_size": '
+    after_time = nfa.walk(nfa.start(), b'{"party_size": 2, "time": "7"')
+    assert nfa.forced(after_time) == b""  # "}" or ", " and the next optional member: a choice
+
+
+@pytest.mark.parametrize("schema, word", [
+    ({"type": "object", "properties": {"a": {"$ref": "#/x"}}}, "$ref"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}}, "pattern"),
+    ({"type": "object", "properties": {"a": {"type": "date"}}}, "date"),
+    ({"type": "object", "required": ["b"], "properties": {"a": {"type": "string"}}}, "'b'"),
+])
+def test_schemas_it_cannot_follow_are_refused_by_name(schema: dict[str, Any], word: str) -> None:
+    with pytest.raises(ConfigError, match=word.replace("$", r"\$")):
+        arguments_nfa(schema, "tool 'x' parameters")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["party_size", "time", "day",
+                                                                                 "outdoor", "x"]), inner, max_size=4),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values)
+def test_whatever_the_automaton_accepts_the_schema_allows(value: Any) -> None:
+    for schema in (BOOKING, ORDER):
+        if accepts(schema, value):
+            jsonschema.validate(value, schema)
+
+
+# -- declarations --------------------------------------------------------------------------------
+def test_both_openai_shapes_and_every_choice_are_read() -> None:
+    tools = parse_tools(TOOLS, {"type": "function", "function": {"name": "order_status"}})
+    assert tools is not None and [t.name for t in tools.tools] == ["book_table", "order_status"]
+    assert tools.choice == "order_status" and tools.must_call() == "order_status"
+    assert parse_tools(TOOLS, "required").must_call() == ""  # type: ignore[union-attr]
+    assert not parse_tools(TOOLS, "none").callable  # type: ignore[union-attr]
+    assert parse_tools(None) is None
+
+
+@pytest.mark.parametrize("tools, choice, message", [
+    ([{"type": "retrieval"}], "auto", "only"),
+    ([{"type": "function", "name": "has space"}], "auto", "name must be"),
+    ([TOOLS[0], TOOLS[0]], "auto", "unique"),
+    (TOOLS, "sometimes", "tool_choice must be"),
+    (TOOLS, {"type": "function", "name": "fly"}, "not among the tools"),
+    (None, "required", "needs tools"),
+    ([{"type": "function", "name": "x", "parameters": {"type": "array"}}], "auto", "type object"),
+])
+def test_bad_declarations_are_refused_with_what_is_wrong(tools: Any, choice: Any, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_tools(tools, choice)
+
+
+# -- the guide, decoding -------------------------------------------------------------------------
+def generate(lm: FakeByteLM, tools: Tools, params: SamplingParams,
+             strategy: SpeculativeStrategy | None = None) -> tuple[str, list[ToolCall], list[int], GenerationStats]:
+    guide = ToolGuide(lm, tools, 1 if params.temperature <= 0 else (params.top_k or 64))  # type: ignore[arg-type]
+    stats = GenerationStats()
+    state = lm.new_state()
+    decoder = (strategy.new_session().decoder(state, params, stats, guide) if strategy
+               else PlainDecoder(lm, state, params, stats, guide))  # type: ignore[arg-type]
+    prompt = lm.encode("user: book me a table\nassistant: ")
+    loop = GenerationLoop(lm, decoder, prompt, params, stats)  # type: ignore[arg-type]
+    reader = ReplyReader(guide)
+    text, calls = "", []
+    while not loop.done:
+        delta, made = reader.push(loop.step().tokens)
+        text, calls = text + delta, calls + made
+    return text, calls, loop.produced, stats
+
+
+def check(call: ToolCall, tools: Tools) -> None:
+    schema = next(t.parameters for t in tools.tools if t.name == call.name)
+    jsonschema.validate(json.loads(call.arguments), schema)
+
+
+def test_a_required_call_is_well_formed_and_its_fixed_parts_cost_no_step() -> None:
+    lm = FakeByteLM()
+    tools = parse_tools(TOOLS, "required")
+    assert tools is not None
+    _, calls, produced, stats = generate(lm, tools, SamplingParams(temperature=0, max_tokens=300))
+    assert calls and stats.finish_reason == "stop"
+    for call in calls:
+        check(call, tools)
+    assert stats.forced_tokens > 0 and lm.passes < len(produced)
+
+
+def test_a_named_choice_calls_that_tool() -> None:
+    tools = parse_tools(TOOLS, {"type": "function", "name": "order_status"})
+    assert tools is not None
+    _, calls, _, _ = generate(FakeByteLM(), tools, SamplingParams(temperature=0, max_tokens=300))
+    assert calls[0].name == "order_status"
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_sampled_calls_are_never_malformed(seed: int) -> None:
+    lm = FakeByteLM(bias={"<tool_call>": 4.0})
+    tools = parse_tools(TOOLS, "auto")
+    assert tools is not None
+    _, calls, _, stats = generate(lm, tools, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_tokens=400,
+                                                            seed=seed))
+    for call in calls:
+        check(call, tools)
+    if stats.finish_reason != "length":
+        assert (stats.finish_reason == "tool_calls") == bool(calls) or calls
+
+
+def test_parallel_calls_follow_each_other_and_can_be_switched_off() -> None:
+    bias = {"<tool_call>": 6.0, "\n": 6.0}
+    tools = parse_tools(TOOLS, "required")
+    assert tools is not None
+    _, calls, _, _ = generate(FakeByteLM(bias=bias), tools, SamplingParams(temperature=0, max_tokens=600))
+    assert len(calls) >= 2
+    single = parse_tools(TOOLS, "required", parallel=False)
+    assert single is not None
+    _, calls, _, _ = generate(FakeByteLM(bias=bias), single, SamplingParams(temperature=0, max_tokens=600))
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("piece", ['{"', "`"])
+def test_a_reply_that_writes_json_or_a_code_block_makes_a_call(piece: str) -> None:
+    """Small models mean a call without writing the tag: a bare JSON object, a markdown block."""
+    lm = FakeByteLM(bias={piece: 12.0})
+    tools = parse_tools([{"type": "function", "name": "set_volume", "parameters": {"type": "object", "properties": {
+        "level": {"type": "integer"}, "room": {"enum": ["hall", "kitchen"]}}, "required": ["level", "room"]}}])
+    assert tools is not None
+    text, calls, _, _ = generate(lm, tools, SamplingParams(temperature=0, max_tokens=300))
+    assert text == "" and len(calls) >= 1
+    check(calls[0], tools)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "order_status"}])
+def test_greedy_speculation_under_the_grammar_equals_plain_decoding(method: str, choice: Any) -> None:
+    tools = parse_tools(TOOLS, choice)
+    assert tools is not None
+    params = SamplingParams(temperature=0, max_tokens=300, speculation=Speculation(method, 4))
+    _, plain_calls, plain, _ = generate(FakeByteLM(), tools, params)
+    strategy = SpeculativeStrategy(FakeByteLM(), MonotonicClock(), method=method, fixed_k=4,  # type: ignore[arg-type]
+                                   draft=FakeByteLM(), calibrate=False)  # type: ignore[arg-type]
+    _, spec_calls, spec, stats = generate(strategy.lm, tools, params, strategy)  # type: ignore[arg-type]
+    assert spec == plain
+    assert [(c.name, c.arguments) for c in spec_calls] == [(c.name, c.arguments) for c in plain_calls]
+    if method == "draft_model":  # an identical draft: every token it is asked for is kept
+        assert stats.accepted_tokens > 0
