@@ -1,6 +1,8 @@
 """An OpenAI-compatible chat completions API over the service's language model, streaming
-(server-sent events) and not. With the embedded engine, a request may choose its speculative
-decoding with an extra field:
+(server-sent events) and not, with tools (`tools`, `tool_choice`, `parallel_tool_calls`; calls come
+back as `tool_calls`, with `finish_reason` "tool_calls"; on the embedded engine each call's
+arguments are held to its JSON Schema while they are written). With the embedded engine, a request
+may choose its speculative decoding with an extra field:
 
     "speculative": {"method": "off" | "ngram" | "draft_model", "num_speculative_tokens": 4 | "auto"}
 
@@ -23,8 +25,17 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.runtime import Runtime
-from core.errors import ContextLengthError, VoiceAgentError
-from models.protocols import ChatMessage, GenerationDone, GenerationStats, SamplingParams, Speculation, TextDelta
+from core.errors import ConfigError, ContextLengthError, VoiceAgentError
+from models.protocols import (
+    ChatMessage,
+    GenerationDone,
+    GenerationStats,
+    SamplingParams,
+    Speculation,
+    TextDelta,
+    ToolCallOutput,
+)
+from models.tool_calls import ToolCall, parse_tools
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -35,12 +46,41 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionIn(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionIn
+
+
 class MessageIn(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def message(self, index: int) -> ChatMessage:
+        """Ours; a ValueError says what is wrong with it."""
+        calls = tuple(ToolCall(c.id, c.function.name, c.function.arguments) for c in self.tool_calls or [])
+        for call in calls:
+            try:
+                call.parsed_arguments()
+            except ValueError as exc:
+                raise ValueError(f"messages.{index}.tool_calls: the arguments of {call.name!r} are not a JSON "
+                                 f"object ({exc})") from exc
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError(f"messages.{index}: a tool message needs the tool_call_id it answers")
+        role = "system" if self.role == "developer" else self.role
+        return ChatMessage(role, self.text(), calls, self.tool_call_id)
 
 
 class SpeculativeIn(BaseModel):
@@ -68,6 +108,9 @@ class ChatRequest(BaseModel):
     n: int = 1
     stop: str | list[str] | None = None
     speculative: SpeculativeIn | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
 
 def _error(status: int, message: str, kind: str, code: str) -> JSONResponse:
@@ -123,6 +166,10 @@ class StopMatcher:
         return out
 
 
+def _call_out(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     runtime: Runtime = request.app.state.runtime
@@ -175,13 +222,18 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         seed=body.seed,
         speculation=Speculation(body.speculative.method, None if k == "auto" else k) if body.speculative else None,
     )
-    messages = [ChatMessage("system" if m.role == "developer" else m.role, m.text()) for m in body.messages]
+    try:
+        messages = [m.message(i) for i, m in enumerate(body.messages)]
+        tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+    except (ValueError, ConfigError) as exc:
+        return _error(400, str(exc), "invalid_request_error", "invalid_tools" if isinstance(exc, ConfigError)
+                      else "invalid_request")
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
     created = int(time.time())
     metrics = runtime.metrics
 
-    async def events() -> AsyncGenerator[tuple[str, GenerationStats | None], None]:
+    async def events() -> AsyncGenerator[tuple[str | ToolCall, GenerationStats | None], None]:
         # Counted from here to this generator's end, however it ends: finished, closed by the
         # response, or finalized by the event loop when a client vanished before the body started.
         runtime.api_requests += 1
@@ -189,10 +241,12 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         conversation = runtime.backends.llm.conversation(llm_cfg.api_context_tokens)  # type: ignore[union-attr]
         matcher = StopMatcher(stops)
         try:
-            stream = conversation.stream(messages, params)
+            stream = conversation.stream(messages, params, tools)
             async with contextlib.aclosing(stream):  # a stop string ends the generation here and now
                 async for out in stream:
-                    if isinstance(out, TextDelta):
+                    if isinstance(out, ToolCallOutput):
+                        yield out.call, None
+                    elif isinstance(out, TextDelta):
                         text = matcher.push(out.text)
                         if text:
                             yield text, None
@@ -222,19 +276,24 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         return _error(502 if exc.retryable else 500, str(exc), "server_error", exc.code)
 
     if not body.stream:
-        text, stats = [], GenerationStats()
+        text, calls, stats = [], [], GenerationStats()
         try:
             async for piece, final in events():
-                text.append(piece)
+                if isinstance(piece, ToolCall):
+                    calls.append(_call_out(piece))
+                else:
+                    text.append(piece)
                 if final is not None:
                     stats = final
         except VoiceAgentError as exc:
             return failure(exc)
         metrics.api_requests.labels("completed").inc()
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = calls
         return JSONResponse({
             "id": completion_id, "object": "chat.completion", "created": created, "model": served,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
-                         "finish_reason": stats.finish_reason}],
+            "choices": [{"index": 0, "message": message, "finish_reason": stats.finish_reason}],
             "usage": usage(stats),
         })
 
@@ -253,7 +312,7 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
     # (a prompt over the context) gets its 4xx status rather than an error inside a 200 stream.
     pieces = events()
     try:
-        first: tuple[str, GenerationStats | None] | None = await anext(pieces)
+        first: tuple[str | ToolCall, GenerationStats | None] | None = await anext(pieces)
     except StopAsyncIteration:
         first = None
     except VoiceAgentError as exc:
@@ -264,8 +323,12 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         try:
             yield chunk({"role": "assistant", "content": ""})
             if first is not None:
+                calls = 0
                 async for piece, final in _prepend(first, pieces):
-                    if piece:
+                    if isinstance(piece, ToolCall):  # whole: the grammar made it in one piece of work
+                        yield chunk({"tool_calls": [{"index": calls, **_call_out(piece)}]})
+                        calls += 1
+                    elif piece:
                         yield chunk({"content": piece})
                     if final is not None:
                         yield chunk({}, final.finish_reason, final)

@@ -126,3 +126,67 @@ def test_generations_beyond_max_api_requests_get_429_and_slots_come_back(server:
             break
         time.sleep(0.5)
     assert again.status_code == 200, again.text
+
+
+BOOKING_TOOL = {"type": "function", "function": {
+    "name": "book_table", "description": "Book a table at the restaurant.",
+    "parameters": {"type": "object", "properties": {"party_size": {"type": "integer"}, "time": {"type": "string"}},
+                   "required": ["party_size", "time"]}}}
+STATUS_TOOL = {"type": "function", "function": {
+    "name": "order_status", "description": "Look up an order by its number.",
+    "parameters": {"type": "object", "properties": {"order_number": {"type": "string"}},
+                   "required": ["order_number"]}}}
+
+
+def test_tool_calls_through_the_official_openai_sdk(server: Server) -> None:
+    """Another framework using this server as its LLM with tools: the official SDK's own parsing
+    of the calls, streamed and not, and the follow-up with the tool's result."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.base_url + "/v1", api_key="unused", timeout=120)
+    model = client.models.list().data[0].id
+    messages: list[dict] = [{"role": "user", "content": "Where is my order 4512?"}]
+    done = client.chat.completions.create(model=model, messages=messages,  # type: ignore[arg-type]
+                                          tools=[BOOKING_TOOL, STATUS_TOOL], temperature=0)  # type: ignore[list-item]
+    choice = done.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "function" and call.function.name == "order_status"  # type: ignore[union-attr]
+    assert "4512" in json.loads(call.function.arguments)["order_number"].replace(" ", "")  # type: ignore[union-attr]
+
+    stream = client.chat.completions.create(model=model, messages=messages, stream=True,  # type: ignore[arg-type]
+                                            tools=[BOOKING_TOOL, STATUS_TOOL], temperature=0,  # type: ignore[list-item]
+                                            tool_choice={"type": "function", "function": {"name": "order_status"}})
+    pieces, finish = {}, None
+    for chunk in stream:
+        for delta in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            piece = pieces.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+            piece["id"] += delta.id or ""
+            piece["name"] += delta.function.name or "" if delta.function else ""
+            piece["arguments"] += delta.function.arguments or "" if delta.function else ""
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert finish == "tool_calls" and [p["name"] for p in pieces.values()] == ["order_status"]
+    json.loads(pieces[0]["arguments"])
+
+    messages += [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                 {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"status": "shipped Monday"})}]
+    follow = client.chat.completions.create(model=model, messages=messages,  # type: ignore[arg-type]
+                                            tools=[BOOKING_TOOL, STATUS_TOOL], temperature=0,  # type: ignore[list-item]
+                                            tool_choice="none", max_tokens=40)
+    # tool_choice "none": words, however weak the model (whether the 0.5B uses the result is in
+    # tests/models/test_tool_calls_llama.py, on the 1.5B)
+    assert follow.choices[0].finish_reason == "stop" and not follow.choices[0].message.tool_calls
+    assert (follow.choices[0].message.content or "").strip()
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"tools": [{"type": "function", "function": {"name": "x y"}}]}, "name must be"),
+    ({"tools": [BOOKING_TOOL], "tool_choice": {"type": "function", "function": {"name": "fly"}}}, "not among"),
+    ({"tools": [{"type": "function", "function": {"name": "x", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/defs/a"}}}}}]}, "not supported"),
+    ({"messages": [{"role": "tool", "content": "{}"}]}, "tool_call_id"),
+])
+def test_bad_tools_get_a_400_that_says_what_is_wrong(server: Server, body: dict, message: str) -> None:
+    reply = post(server, {"messages": [{"role": "user", "content": "Hi"}], **body})
+    assert reply.status_code == 400 and message in reply.json()["error"]["message"], reply.text
