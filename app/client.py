@@ -1,14 +1,23 @@
 """A Python client for the /ws protocol: streams audio in real time and records every event and
-reply-audio frame with its arrival time. Used by `voice-agent call`, the tests and the benchmarks."""
+reply-audio frame with its arrival time. Used by `voice-agent call`, the tests and the benchmarks.
+
+Tools the client runs itself: declare them in `connect(tools=[...], tool_choice="auto")` (OpenAI's
+function shape) and give `tool_handler`, called as `handler(name, arguments)` for each
+`response.function_call` the server sends (arguments parsed from their JSON string); what it returns
+(awaited if it is awaitable; JSON-encoded unless it is a string) goes back as
+`{"type": "function_call.output", "call_id": ..., "output": ...}`. A reply that made calls ends with a
+`response.done` whose status is "tool_calls"; the reply answering from the results has its own
+`response.done` (docs/websocket.md, docs/tools.md)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import time
 import wave
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +54,8 @@ class VoiceClient:
     _reader: asyncio.Task[None] | None = None
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
+    tool_handler: Callable[[str, dict[str, Any]], Awaitable[Any] | Any] | None = None
+    _tool_tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def open(self) -> None:
         """Open the socket without starting a session."""
@@ -100,13 +111,31 @@ class VoiceClient:
                 if isinstance(message, bytes):
                     self.received.append(Received(now, audio=message))
                 else:
-                    self.received.append(Received(now, event=json.loads(message)))
+                    event = json.loads(message)
+                    self.received.append(Received(now, event=event))
+                    if event.get("type") == "response.function_call" and self.tool_handler is not None:
+                        task = asyncio.create_task(self._run_tool(event))
+                        self._tool_tasks.add(task)
+                        task.add_done_callback(self._tool_tasks.discard)
                 self._changed.set()
         except Exception:  # the connection closed; callers see it through `closed`
             pass
         finally:
             self.closed = True
             self._changed.set()
+
+    async def _run_tool(self, event: dict[str, Any]) -> None:
+        """Run the client's tool for a response.function_call and send its output back."""
+        assert self.tool_handler is not None
+        try:
+            result = self.tool_handler(event["name"], json.loads(event["arguments"]))
+            if inspect.isawaitable(result):
+                result = await result
+            output = result if isinstance(result, str) else json.dumps(result)
+        except Exception as exc:  # the tool's failure is the model's to hear about
+            output = json.dumps({"error": f"{type(exc).__name__}: {exc}"})
+        with contextlib.suppress(Exception):
+            await self.send_json({"type": "function_call.output", "call_id": event["call_id"], "output": output})
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         return [r.event for r in self.received if r.event is not None and (kind is None or r.event["type"] == kind)]

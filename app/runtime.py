@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import numpy as np
 
 from app.access import Tokens
@@ -25,6 +26,7 @@ from models.protocols import TurnDetector
 from models.vllm_metrics import VllmMetricsPoller
 from pipeline.events import ResponseDone
 from pipeline.session import Backends, PipelineConfig
+from pipeline.tools import HttpTool, ToolBox, load_tools_file
 from pipeline.turn_policy import TurnPolicy
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,8 @@ class Runtime:
     tracer: TurnTracer | None = None  # each turn as an OTLP trace (otel.endpoint)
     stream_nonces: Tokens = field(init=False)  # Twilio: each TwiML's one-use nonce, handed back in `start`
     telnyx_tokens: StreamTokens = field(init=False)  # Telnyx: one-use stream tokens, and the used ones
+    server_tools: list[HttpTool] = field(default_factory=list)  # tools.file: the HTTP tools the server runs
+    http: httpx.AsyncClient | None = None  # calls them (made with the first call that has some)
 
     def __post_init__(self) -> None:
         self.stream_nonces = Tokens(self.settings.twilio.stream_nonce_ttl_s, self.clock)
@@ -96,12 +100,27 @@ class Runtime:
         s = self.settings
         return PipelineConfig(s.endpointing, s.asr_stage, s.chunker, s.session, s.sampling())
 
+    def toolbox(self) -> ToolBox:
+        """A call's tools: the server's own (tools.file), to which a client adds its own."""
+        if self.http is None:
+            self.http = httpx.AsyncClient(follow_redirects=False)
+        return ToolBox(self.settings.tools, self.clock, self.server_tools, self.http)
+
     async def load(self) -> None:
         """Load and warm up every backend (off the event loop); sets `ready` or `load_error`."""
         if self.backends is not None:
             self.status = "ready"
             self.ready.set()
             return
+        if self.settings.tools.file:
+            try:
+                self.server_tools = load_tools_file(self.settings.tools.file)
+            except VoiceAgentError as exc:
+                self.load_error, self.status = f"{exc.code}: {exc}", "failed"
+                log.error("the tools file cannot be used: %s", exc)
+                return
+            log.info("tools.file: %d HTTP tools (%s)", len(self.server_tools),
+                     ", ".join(t.tool.name for t in self.server_tools))
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Backends] = loop.create_future()
 
@@ -181,6 +200,9 @@ class Runtime:
         """Shut down in the order that keeps every record: the calls end first (their ends and
         recordings go to the store), then the store is flushed and closed, then the models."""
         await self.end_calls(grace_s)
+        if self.http is not None:
+            await self.http.aclose()
+            self.http = None
         if self.store is not None:
             await self.store.close()
             self.store = None

@@ -20,7 +20,7 @@ from app.store.config import OtelConfig, StorageConfig
 from core.errors import ConfigError
 from models.config import AsrConfig, LlmConfig, TtsConfig, TurnConfig, VadConfig
 from models.protocols import SamplingParams
-from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
+from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig, ToolsConfig
 
 
 class ServerConfig(BaseModel):
@@ -179,6 +179,7 @@ class Settings(BaseSettings):
     chunker: ChunkerConfig = ChunkerConfig()
     tts: TtsConfig = TtsConfig()
     session: SessionConfig = SessionConfig()
+    tools: ToolsConfig = ToolsConfig()
     twilio: TwilioConfig = TwilioConfig()
     telnyx: TelnyxConfig = TelnyxConfig()
     phone: PhoneConfig = PhoneConfig()

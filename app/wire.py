@@ -12,6 +12,7 @@ from core.errors import ProtocolError
 from pipeline.audio import SUPPORTED_INPUT_RATES
 from pipeline.events import (
     ErrorEvent,
+    FunctionCallRequest,
     OutEvent,
     ReplyText,
     ResponseDone,
@@ -40,6 +41,26 @@ class SessionStart(BaseModel):
     audio: AudioFormat
     output_audio: OutputAudioFormat | None = None
     instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None  # the client's tools, in OpenAI's function shape
+    tool_choice: str | dict[str, Any] | None = None
+
+
+class SessionUpdate(BaseModel):
+    """Changes the call's tools from the next reply on (fields left out stay as they are)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["session.update"]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+
+class FunctionCallOutput(BaseModel):
+    """The client's result of a call it was asked to run (response.function_call)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function_call.output"]
+    call_id: str = Field(min_length=1, max_length=200)
+    output: str
 
 
 class SessionEnd(BaseModel):
@@ -56,13 +77,14 @@ class OutputAudioPlayed(BaseModel):
     played_ms: float = Field(ge=0, le=24 * 3600 * 1000)
 
 
-ClientMessage = Annotated[SessionStart | SessionEnd | OutputAudioPlayed, Field(discriminator="type")]
+Message = SessionStart | SessionEnd | OutputAudioPlayed | SessionUpdate | FunctionCallOutput
+ClientMessage = Annotated[Message, Field(discriminator="type")]
 _client = TypeAdapter(ClientMessage)
-CLIENT_TYPES = ("session.start", "session.end", "output_audio.played")
+CLIENT_TYPES = ("session.start", "session.end", "output_audio.played", "session.update", "function_call.output")
 OUTPUT_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 
 
-def parse_client_text(data: str) -> SessionStart | SessionEnd | OutputAudioPlayed:
+def parse_client_text(data: str) -> Message:
     """Parse one text message, or raise ProtocolError with a message a client author can act on."""
     try:
         raw = json.loads(data)
@@ -73,7 +95,7 @@ def parse_client_text(data: str) -> SessionStart | SessionEnd | OutputAudioPlaye
     if raw["type"] not in CLIENT_TYPES:
         raise ProtocolError("unknown_type", f"unknown message type {raw['type']!r}; expected one of {CLIENT_TYPES}")
     try:
-        message: SessionStart | SessionEnd | OutputAudioPlayed = _client.validate_python(raw)
+        message: Message = _client.validate_python(raw)
     except ValidationError as exc:
         details = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         raise ProtocolError("invalid_message", f"{raw['type']}: {details}") from exc
@@ -116,7 +138,12 @@ def event_json(event: OutEvent) -> dict[str, Any]:
             "deadline_missed": event.deadline_missed, "underruns": event.underruns, "underrun_ms": event.underrun_ms,
             "preemptive": event.preemptive, "discarded": event.discarded, "discarded_words": event.discarded_words,
             "llm": event.stats.as_dict() if event.stats else {},
+            **({"tool_calls": list(event.tool_calls)} if event.tool_calls else {}),
+            **({"filler": True} if event.filler else {}),
         }
+    if isinstance(event, FunctionCallRequest):
+        return {"type": "response.function_call", "turn_id": event.turn_id, "call_id": event.call.call_id,
+                "name": event.call.name, "arguments": event.call.arguments}
     if isinstance(event, ErrorEvent):
         out: dict[str, Any] = {"type": "error", "code": event.code, "message": event.message}
         if event.turn_id is not None:

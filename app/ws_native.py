@@ -22,12 +22,22 @@ from app.call_log import CallLog
 from app.guard import client_slot
 from app.metrics import Metrics
 from app.runtime import Runtime
-from app.wire import OutputAudioPlayed, SessionEnd, SessionStart, error_json, event_json, parse_client_text
-from core.errors import ProtocolError
+from app.wire import (
+    FunctionCallOutput,
+    OutputAudioPlayed,
+    SessionEnd,
+    SessionStart,
+    SessionUpdate,
+    error_json,
+    event_json,
+    parse_client_text,
+)
+from core.errors import ConfigError, ProtocolError
 from models.protocols import Audio
 from pipeline.audio import StreamResampler, pcm16_to_float
 from pipeline.events import AudioFrame, OutEvent, ResponseDone
 from pipeline.session import Session
+from pipeline.tools import ToolBox
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -88,6 +98,7 @@ class Connection:
         self.outbound = SocketOutbound(websocket, self.settings.send_timeout_s, runtime.metrics)
         self.session_id = "sess_" + uuid.uuid4().hex[:16]
         self.session: Session | None = None
+        self.toolbox: ToolBox | None = None
         self.task: asyncio.Task[None] | None = None
         self.resampler: StreamResampler | None = None
         self.errors = 0
@@ -247,7 +258,32 @@ class Connection:
             else:
                 self.session.on_played(parsed.turn_id, parsed.played_ms)
             return True
+        if isinstance(parsed, SessionUpdate | FunctionCallOutput) and self.session is None:
+            await self.error("session_not_started", "send session.start first")
+            return True
+        if isinstance(parsed, SessionUpdate):
+            await self.update_tools(parsed.tools, parsed.tool_choice)
+            return True
+        if isinstance(parsed, FunctionCallOutput):
+            assert self.session is not None
+            if not self.session.on_function_output(parsed.call_id, parsed.output):
+                await self.error("unknown_call_id", f"no function call {parsed.call_id!r} is waiting for its output "
+                                                    "(answered already, timed out, or never asked)")
+            return True
         await self.start_session(parsed)
+        return True
+
+    async def update_tools(self, tools: list[dict[str, Any]] | None, choice: Any) -> bool:
+        """The client's tools for the next replies; an error message says what is wrong with them."""
+        if self.toolbox is None:
+            return True
+        kept = [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
+                for t in self.toolbox.client_tools]
+        try:
+            self.toolbox.declare(tools if tools is not None else kept, choice)
+        except ConfigError as exc:
+            await self.error("invalid_tools", str(exc))
+            return False
         return True
 
     async def start_session(self, start: SessionStart) -> None:
@@ -266,10 +302,13 @@ class Connection:
         self.resampler = StreamResampler(start.audio.sample_rate, runtime.backends.vad.sample_rate)
         client = getattr(self.websocket, "client", None)  # the peer address, when the server knows it
         self.call_log = CallLog(runtime, self.session_id, "ws", caller=client.host if client else None)
+        self.toolbox = runtime.toolbox()
+        if (start.tools or start.tool_choice) and not await self.update_tools(start.tools or [], start.tool_choice):
+            return
         self.session = Session(
             runtime.backends, runtime.pipeline_config(), runtime.clock, self.outbound,
             output_rate=output_rate, system_prompt=instructions or None, on_turn=self.on_turn,
-            tap=self.call_log.recorder,
+            tap=self.call_log.recorder, toolbox=self.toolbox,
         )
         runtime.metrics.sessions.labels("ws").inc()
         await self.outbound.send_json({

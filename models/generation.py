@@ -45,6 +45,7 @@ class PlainDecoder:
         self.guide = guide
         self.position: GuideState | None = guide.start() if guide else None
         self.unfed: list[int] = []  # tokens produced but not in the cache yet, before the pending one
+        self.queue: list[int] = []  # forced tokens still to emit one step each (a guide without jump-forward)
 
     def first(self, prompt: list[int]) -> list[int]:
         opening = self._opening()
@@ -53,6 +54,9 @@ class PlainDecoder:
 
     def next(self, pending: int, budget: int) -> list[int]:
         logits = self.lm.extend(self.state, [*self.unfed, pending])[-1]  # [V]
+        if self.queue:  # the model's step was paid for, but the grammar already chose
+            self.unfed = []
+            return [self.queue.pop(0)]
         return self._choose(logits)
 
     def _opening(self) -> list[int]:
@@ -66,7 +70,7 @@ class PlainDecoder:
             opening.append(token)
         forced, self.position = self.guide.forced(self.position)
         self.stats.forced_tokens += len(opening) + len(forced)
-        return opening + forced
+        return opening + forced  # fed with the prompt: no step of its own, jump-forward or not
 
     def _choose(self, logits: Logits) -> list[int]:
         """The next token, then whatever the grammar forces after it."""
@@ -84,6 +88,9 @@ class PlainDecoder:
             position = nxt
         forced, self.position = self.guide.forced(position)
         self.stats.forced_tokens += len(forced)
+        if not self.guide.jump_forward:
+            self.queue = forced
+            forced = []
         out = [*tokens, *forced]
         self.unfed = out[:-1]
         return out

@@ -9,7 +9,9 @@ one way on, those tokens are forced: the decoder emits them without asking the m
 Small models often mean a call without writing the tag: the 0.5B writes a bare JSON object, the
 1.5B a markdown code block or "{{". A spoken reply has no use for "{" or "`", so in the text the
 probability of every token that starts with one of them (after spaces) goes to `<tool_call>`: the
-model's wish to write structure becomes a call, held to the grammar from its first byte.
+model's wish to write structure becomes a call, held to the grammar from its first byte. ("<" was
+tried too, for the 1.5B's "<tools></tools>": on bench/tool_set.py's requests it made the 1.5B
+narrate calls in prose instead, so it is not merged.)
 
 A GuideState is immutable, so the speculative decoder can walk a draft through it and drop what it
 does not keep. The same `mask` serves plain decoding and verification, which keeps speculation
@@ -84,7 +86,9 @@ class GuideState:
 
 
 class ToolGuide:
-    def __init__(self, lm: CausalLM, tools: Tools, candidates: int) -> None:
+    def __init__(self, lm: CausalLM, tools: Tools, candidates: int, jump_forward: bool = True) -> None:
+        """`jump_forward` False: the plain decoder emits the same forced tokens one model step each
+        (the baseline bench/tool_decoding.py measures against; the speculative decoder always jumps)."""
         vocab = tool_vocab(lm)
         if vocab is None:
             raise EngineError(f"{lm.name} has no <tool_call> token: its chat template cannot call tools")
@@ -92,6 +96,7 @@ class ToolGuide:
         self.callable = tools.callable
         self.nfa = tools.call_nfa() if tools.callable else Nfa.nothing()
         self.candidates = max(1, candidates)
+        self.jump_forward = jump_forward
         self._structure = set(vocab.structure_ids.tolist())
 
     def start(self) -> GuideState:

@@ -11,6 +11,18 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
+# For calls with tools: the default above keeps Qwen2.5-Coder-1.5B from calling them ("never use
+# code", "confirm it back": it said "Sure, I can book a table for two at seven tonight" and booked
+# nothing); this one made it call (bench/tool_set.py's requests) and say when it cannot check.
+DEFAULT_TOOLS_PROMPT = (
+    "You are a friendly voice assistant on a phone call. Your replies are spoken aloud: one to three short, "
+    "natural sentences, without lists, markdown or emoji. Use a tool when the caller asks for something a tool "
+    "can check or do. Never state opening hours, bookings, order details, weather or anything else you did not "
+    "get from a tool, and never say you did something a tool did not do; if no tool can check it, say you "
+    "cannot check that here."
+)
+
+
 class SoundAlone(BaseModel):
     """The decision on the end-of-turn model's answer alone, chosen like the fused one ("audio, tuned")."""
 
@@ -97,6 +109,8 @@ class ChunkerConfig(BaseModel):
 
 class SessionConfig(BaseModel):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    tools_prompt: str = Field(DEFAULT_TOOLS_PROMPT, description="the system prompt of a call that has tools at its "
+                                                               "start (unless the client gives instructions)")
     max_instructions_chars: int = Field(4000, ge=0)
     max_history_messages: int = Field(24, ge=2, description="older turns are dropped from the prompt")
     history_drop_block: int = Field(
@@ -134,3 +148,25 @@ class SessionConfig(BaseModel):
         250, ge=0, description="a reply's first audio is due this long after the caller's end of speech: the LLM "
         "serves calls by when their audio is due (llm.schedule edf), and a later first audio counts as a deadline "
         "miss")
+
+
+class ToolsConfig(BaseModel):
+    """Tool calls during calls (pipeline/tools.py): the server's own tools and how a turn runs them."""
+
+    file: str = Field(
+        "", description="a JSON or YAML file of HTTP tools the server runs itself (phone calls have no client that "
+        "can run code): each with name, description, url, method, headers (\"${ENV_VAR}\" takes a secret from the "
+        "environment), timeout_s and the JSON Schema of its arguments (docs/tools.md)")
+    end_call: bool = Field(False, description="offer the built-in end_call tool on every call (a call may also ask "
+                                              "for it in session.start)")
+    tool_choice: str = Field("auto", description="auto, none or required, for the server's tools")
+    max_steps: int = Field(3, ge=1, le=10, description="rounds of tool calls in one turn; then the model answers in "
+                                                      "words")
+    filler_after_ms: int = Field(600, ge=0, description="a tool slower than this gets one short spoken filler, once "
+                                                       "per turn")
+    filler: str = "One moment, let me check."
+    timeout_s: float = Field(10.0, gt=0, le=120, description="a tool that takes longer fails with a timeout, which the "
+                                                            "model is told")
+    max_result_chars: int = Field(4000, ge=100, description="a tool's result is cut to this many characters for the "
+                                                           "model")
+    max_tools: int = Field(32, ge=1, le=128, description="tools declared in one call, at most")

@@ -7,8 +7,10 @@ mono: 16 kHz on the input side, the output rate on the reply side.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from models.protocols import Audio, ChatMessage, GenerationStats
+from models.tool_calls import ToolCall, Tools
 
 # -- input side: audio in -> endpointing -> ASR ------------------------------------------------------
 
@@ -93,6 +95,24 @@ class ReplyRequest:
     turn_id: int
     messages: tuple[ChatMessage, ...]
     at: float
+    tools: Tools | None = None  # what the reply may call
+
+
+@dataclass(frozen=True)
+class ReplyToolCall:
+    """A tool call the reply made, complete."""
+
+    turn_id: int
+    call: ToolCall
+    at: float
+
+
+@dataclass(frozen=True)
+class FunctionCallRequest:
+    """The server asks the client to run one of the client's tools (`response.function_call`)."""
+
+    turn_id: int
+    call: ToolCall
 
 
 @dataclass(frozen=True)
@@ -133,7 +153,7 @@ class ReplyAudio:
     at: float
 
 
-ReplyEvent = ReplyText | ReplyFinished | Phrase | ReplyAudio
+ReplyEvent = ReplyText | ReplyToolCall | ReplyFinished | Phrase | ReplyAudio
 
 # -- what the session tells its transport -----------------------------------------------------------
 
@@ -161,6 +181,8 @@ class ResponseDone:
     error: str | None = None
     dtmf: str | None = None
     speech_end_at: float | None = None
+    tool_calls: tuple[dict[str, Any], ...] = ()  # the reply's calls (ToolRun.as_dict), status "tool_calls"
+    filler: bool = False  # the spoken filler while a slow tool ran, not an answer
 
 
 @dataclass(frozen=True)
@@ -172,4 +194,4 @@ class ErrorEvent:
 
 InputEvent = (SpeechStarted | SpeechResumed | SpeechStopped | TranscriptPartial | TranscriptEarly | TranscriptFinal
               | ErrorEvent)
-OutEvent = InputEvent | ReplyText | ResponseDone
+OutEvent = InputEvent | ReplyText | ResponseDone | FunctionCallRequest

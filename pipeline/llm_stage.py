@@ -8,8 +8,8 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 from core.clock import Clock
 from core.errors import VoiceAgentError
-from models.protocols import Conversation, GenerationDone, SamplingParams, TextDelta
-from pipeline.events import ReplyEvent, ReplyFinished, ReplyRequest, ReplyText
+from models.protocols import Conversation, GenerationDone, SamplingParams, TextDelta, ToolCallOutput
+from pipeline.events import ReplyEvent, ReplyFinished, ReplyRequest, ReplyText, ReplyToolCall
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +24,14 @@ async def llm_stage(
         produced = False
         try:
             # Closed with this stage (a barge-in): the generation stops at once, not when collected.
-            async with contextlib.aclosing(conversation.stream(request.messages, params)) as outputs:
+            async with contextlib.aclosing(conversation.stream(request.messages, params, request.tools)) as outputs:
                 async for output in outputs:
                     if isinstance(output, TextDelta):
                         produced = True
                         yield ReplyText(request.turn_id, output.text, clock.now())
+                    elif isinstance(output, ToolCallOutput):
+                        produced = True
+                        yield ReplyToolCall(request.turn_id, output.call, clock.now())
                     elif isinstance(output, GenerationDone):
                         yield ReplyFinished(request.turn_id, output.stats, clock.now())
         except VoiceAgentError as exc:

@@ -21,9 +21,9 @@ import contextlib
 import functools
 import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from models.protocols import (
     TurnDetector,
     VoiceActivityDetector,
 )
+from models.tool_calls import ToolCall
 from pipeline.asr_stage import asr_stage
 from pipeline.audio import float_to_pcm16, resample
 from pipeline.chunker import chunk_stage
@@ -50,13 +51,16 @@ from pipeline.endpointing import vad_stage
 from pipeline.events import (
     AudioFrame,
     ErrorEvent,
+    FunctionCallRequest,
     InputEvent,
     OutEvent,
     Phrase,
     ReplyAudio,
+    ReplyEvent,
     ReplyFinished,
     ReplyRequest,
     ReplyText,
+    ReplyToolCall,
     ResponseDone,
     SpeechResumed,
     SpeechStarted,
@@ -67,6 +71,7 @@ from pipeline.events import (
 )
 from pipeline.history import prompt_window
 from pipeline.llm_stage import llm_stage
+from pipeline.tools import ToolBox, ToolRun
 from pipeline.tts_stage import tts_stage
 from pipeline.turn_judge import TurnJudge
 from pipeline.turn_policy import TurnPolicy, bare_words
@@ -146,10 +151,26 @@ class Reply:
     deadline_missed: bool = False  # its first audio went out after first_audio_due
     underruns: int = 0  # gaps in its audio once it started: the next chunk came after the playhead ran out
     underrun_s: float = 0.0  # their total length
+    # Tool calls (pipeline/tools.py): a reply that makes calls ends with status "tool_calls"; their
+    # results lead to one follow-up reply to the same turn (step + 1).
+    step: int = 1
+    runs: list[ToolRun] = field(default_factory=list)  # its calls, dispatched
+    run_tasks: list[asyncio.Task[ToolRun]] = field(default_factory=list)
+    history_at: int = 0  # where its message (text and calls) and the results go in the history
+    fixed_text: str | None = None  # said as is, without the LLM (the filler while a tool runs)
+    produced: asyncio.Event = field(default_factory=asyncio.Event)  # its generation is over
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # finished or cancelled
+    kept_text: str | None = None  # what the history keeps of its words (set when it finishes)
 
 
 async def _one(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:
     yield item
+
+
+async def _said(turn_id: int, text: str, clock: Clock) -> AsyncGenerator[ReplyEvent, None]:
+    """A fixed sentence as if the LLM had written it (the filler)."""
+    yield ReplyText(turn_id, text, clock.now())
+    yield ReplyFinished(turn_id, None, clock.now())
 
 
 def dtmf_text(digits: list[str]) -> str:
@@ -181,17 +202,24 @@ class Session:
         system_prompt: str | None = None,
         on_turn: Callable[[ResponseDone], Awaitable[None] | None] | None = None,
         tap: AudioTap | None = None,
+        toolbox: ToolBox | None = None,
     ) -> None:
         self.backends = backends
+        self.toolbox = toolbox
+        if toolbox is not None and toolbox.ask_client is None:
+            toolbox.ask_client = self._ask_client
+        self.asked: dict[str, asyncio.Future[str]] = {}  # client tool calls awaiting function_call.output
+        self.tool_tasks: set[asyncio.Task[Any]] = set()  # calls and their follow-ups: not stopped by barge-in
+        self.answering = 0  # the turn id of the caller's latest turn that got a reply
         self.tap = tap
         self.config = config
         self.clock = clock
         self.outbound = outbound
         self.output_rate = output_rate
         self.on_turn = on_turn
-        self.history: list[ChatMessage] = [
-            ChatMessage("system", system_prompt or config.session.system_prompt)
-        ]
+        has_tools = toolbox is not None and toolbox.tools(1) is not None
+        default = config.session.tools_prompt if has_tools else config.session.system_prompt
+        self.history: list[ChatMessage] = [ChatMessage("system", system_prompt or default)]
         self.conversation: Conversation = backends.llm.conversation()
         self.audio_in: asyncio.Queue[AudioFrame | None] = asyncio.Queue()
         self.audio_in_samples = 0  # samples queued in audio_in (the transport bounds it)
@@ -244,6 +272,10 @@ class Session:
                 self.dtmf_timer.cancel()
             if self.words_task is not None:
                 self.words_task.cancel()
+            for task in self.tool_tasks:
+                task.cancel()
+            for future in self.asked.values():
+                future.cancel()
             # the caller is gone: a reply they heard part of is still kept (on_turn), not sent
             await self._cancel_reply("interrupted", send=False, keep=True)
             await self.conversation.aclose()
@@ -481,21 +513,25 @@ class Session:
             log.warning("LLM head start failed: %s", exc)
 
     # -- the reply line --------------------------------------------------------------------------
-    async def _start_reply(self, turn: Turn, text: str, preemptive: bool = False) -> None:
+    async def _start_reply(self, turn: Turn, text: str | None, preemptive: bool = False, step: int = 1,
+                           fixed_text: str | None = None) -> None:
         """Start the reply line for the caller's words. A preemptive reply (at a pause, on the early
         transcript) runs the LLM and TTS at once but sends nothing until `_confirm`; its words join
-        the history only then."""
+        the history only then. `text` None: a reply to the same turn (a follow-up to tool results,
+        step > 1, or the `fixed_text` filler)."""
         if self.closed:
             log.info("turn %d: not answered: the caller has gone", turn.turn_id)
             return
         self._release_reply()
         await self._cancel_reply("interrupted")
-        user = ChatMessage("user", text)
-        if not preemptive:
+        user = ChatMessage("user", text or "")
+        if text is not None and not preemptive:
             self.history.append(user)
+        if text is not None:
+            self.answering = turn.turn_id
         self.generation += 1
-        reply = Reply(turn, prompt=(*self._prompt(), user) if preemptive else self._prompt(), user_text=text,
-                      preemptive=preemptive)
+        reply = Reply(turn, prompt=(*self._prompt(), user) if preemptive else self._prompt(), user_text=text or "",
+                      preemptive=preemptive, step=step, fixed_text=fixed_text)
         if not preemptive:
             reply.confirmed.set()
         self.reply = reply
@@ -555,8 +591,12 @@ class Session:
         the queue, so the turn ends (failed, with an error event, if a stage raised)."""
         cfg = self.config
         turn = reply.turn
-        request = ReplyRequest(turn.turn_id, reply.prompt, self.clock.now())
-        text = llm_stage(_one(request), self.conversation, cfg.sampling, self.clock)
+        tools = None
+        if self.toolbox is not None:
+            tools = self.toolbox.tools(reply.step)
+        request = ReplyRequest(turn.turn_id, reply.prompt, self.clock.now(), tools)
+        text = (llm_stage(_one(request), self.conversation, cfg.sampling, self.clock) if reply.fixed_text is None
+                else _said(turn.turn_id, reply.fixed_text, self.clock))
         phrases = chunk_stage(text, cfg.chunker, self.clock)
         audio = tts_stage(phrases, self.backends.tts, self.backends.tts_worker, self.output_rate, self.clock)
         try:
@@ -575,6 +615,8 @@ class Session:
                         turn.mark("tts_first_audio", event.at)
                         reply.ledger.add_audio(event.phrase_index, len(event.samples))
                         await self._queue_audio(reply, event)
+                    elif isinstance(event, ReplyToolCall):
+                        await self._dispatch(reply, event.call, generation)
                     elif isinstance(event, ReplyFinished):
                         reply.stats = event.stats
                         if event.error:
@@ -589,6 +631,7 @@ class Session:
                 told = str(exc) if isinstance(exc, VoiceAgentError) else "an unexpected error (in the server log)"
                 await self._send_for(reply, ErrorEvent(code, f"the reply failed: {told}", turn.turn_id))
         finally:
+            reply.produced.set()
             reply.playout.put_nowait(None)  # the player always learns that nothing more is coming
             # Close the line from its end back to the LLM, so an abandoned generation stops now.
             for stage in (audio, phrases, text):
@@ -663,6 +706,8 @@ class Session:
                 if first:
                     sent = self.clock.now()
                     reply.turn.mark("first_audio_sent", sent)
+                    if reply.step > 1 and reply.fixed_text is None:
+                        reply.turn.mark("answer_first_audio_sent", sent)
                     reply.deadline_missed = reply.first_audio_due is not None and sent > reply.first_audio_due
                 if gap > tolerance:  # the caller's playback ran dry before this chunk was ready
                     reply.underruns += 1
@@ -688,31 +733,37 @@ class Session:
         if relaxed:
             self.conversation.set_speculation_cap(None)
         if generation == self.generation:
-            await self._finish(reply, "failed" if reply.error else "completed")
+            await self._finish(reply, "failed" if reply.error else "tool_calls" if reply.runs else "completed")
 
     async def _finish(self, reply: Reply, status: str, send: bool = True) -> None:
         if reply.finished:
             return
         reply.finished = True
+        reply.ended.set()
         if self.reply is reply:
             self.reply = None
         if self.reply is None:  # no reply runs: the LLM owes this call nothing
             self.conversation.set_deadline(None)
-        if status == "completed":
+        if status in ("completed", "tool_calls"):
             text = reply.ledger.full_text()
         elif reply.played_samples is not None:  # what the client says it played
             text = reply.ledger.text_until(self._heard_samples(reply))
         else:  # no word from the client: what was sent, paced to playback, is the best estimate
             text = reply.ledger.sent_text()
-        if text:
+        reply.kept_text = text
+        if text and not reply.runs and reply.fixed_text is None:  # calls' replies: see _after_tools
             self.history.append(ChatMessage("assistant", text))
-        self.turns.pop(reply.turn.turn_id, None)
+        if not reply.runs:
+            self.turns.pop(reply.turn.turn_id, None)
         done = ResponseDone(
             reply.turn.turn_id, text, status, reply.turn.latency_ms(), reply.turn.voice_to_voice_ms(), reply.stats,
             reply.deadline_missed, reply.underruns, round(reply.underrun_s * 1000, 1),
             preemptive=reply.preemptive, discarded=self.discarded, discarded_words=self.discarded_words,
             user_text=reply.user_text, generated_text=reply.ledger.full_text(), sent_text=reply.ledger.sent_text(),
             error=reply.error, dtmf=reply.turn.dtmf, speech_end_at=reply.turn.marks.get("speech_end"),
+            tool_calls=tuple(r.as_dict(reply.turn.marks.get("speech_end"))
+                             for r in (reply.runs if reply.runs else reply.turn.tool_runs if reply.step > 1 else [])),
+            filler=reply.fixed_text is not None,
         )
         self.discarded = self.discarded_words = 0
         log.info("turn %d %s: %s%s%s", done.turn_id, status, done.latency_ms,
@@ -720,6 +771,14 @@ class Session:
                  f" ({done.underruns} underruns, {done.underrun_ms:.0f} ms)" if done.underruns else "")
         if send:
             await self.outbound.send_event(done)
+        # One record per turn: the reply that answers it (with every call the turn made); a reply
+        # that made calls is recorded only if no answer follows (_after_tools), a filler never.
+        if reply.runs:
+            reply.turn.held_record = done
+        elif reply.fixed_text is None:
+            await self._record(done)
+
+    async def _record(self, done: ResponseDone) -> None:
         if self.on_turn is not None:
             result = self.on_turn(done)
             if result is not None:
@@ -750,3 +809,86 @@ class Session:
             await self._finish(reply, status, send=send)
         else:
             reply.finished = True
+            reply.ended.set()
+
+    # -- tool calls ------------------------------------------------------------------------------
+    async def _dispatch(self, reply: Reply, call: ToolCall, generation: int) -> None:
+        """Run a call the reply made, once the reply is known to be heard: a preemptive reply holds
+        its calls until its turn is confirmed, and one dropped meanwhile runs none (this task is
+        cancelled with it). Once dispatched a call runs to its end whatever the caller does."""
+        if not reply.confirmed.is_set():
+            await reply.confirmed.wait()
+        if generation != self.generation or self.toolbox is None:
+            return
+        now = self.clock.now()
+        if not reply.runs:
+            reply.history_at = len(self.history)
+            reply.turn.mark("tool_dispatched", now)
+        run = ToolRun(call, self.toolbox.runs_on(call.name), now)
+        reply.runs.append(run)
+        reply.turn.tool_runs.append(run)
+        log.info("turn %d: tool call %s %s(%s) (%s)", reply.turn.turn_id, call.call_id, call.name, call.arguments,
+                 run.runs_on)
+        task = asyncio.create_task(self.toolbox.run(run))
+        reply.run_tasks.append(task)
+        self.tool_tasks.add(task)
+        task.add_done_callback(self.tool_tasks.discard)
+        if len(reply.runs) == 1:
+            follow = asyncio.create_task(self._after_tools(reply))
+            self.tool_tasks.add(follow)
+            follow.add_done_callback(self.tool_tasks.discard)
+
+    async def _after_tools(self, reply: Reply) -> None:
+        """Wait for every call of the reply, with one spoken filler if they are slow; then put the
+        reply's words and calls and the results in the history, and answer from them (unless the
+        caller has moved on to another turn: the results stay in the history all the same)."""
+        assert self.toolbox is not None
+        cfg, turn = self.toolbox.config, reply.turn
+        await reply.produced.wait()
+        runs = list(reply.run_tasks)
+        _, slow = await asyncio.wait(runs, timeout=cfg.filler_after_ms / 1000)
+        filler: Reply | None = None
+        if slow and cfg.filler and "filler" not in turn.marks and self.answering == turn.turn_id:
+            await reply.ended.wait()  # after the reply's own words, if it had some
+            if self.reply is None and self.answering == turn.turn_id and not all(t.done() for t in slow):
+                turn.mark("filler", self.clock.now())
+                await self._start_reply(turn, None, step=reply.step, fixed_text=cfg.filler)
+                filler = self.reply
+        await asyncio.gather(*runs)
+        turn.mark("tools_done", self.clock.now())
+        await reply.ended.wait()
+        messages = [ChatMessage("assistant", reply.kept_text or "", tuple(r.call for r in reply.runs)),
+                    *(ChatMessage("tool", r.output or "", tool_call_id=r.call.call_id) for r in reply.runs)]
+        self.history[reply.history_at:reply.history_at] = messages
+        if filler is not None:
+            await filler.ended.wait()
+            heard = bool(filler.kept_text)
+            for run in reply.runs:
+                run.filler_heard = heard
+        if self.answering != turn.turn_id or self.closed or self.reply is not None:
+            log.info("turn %d: tool results kept; no follow-up (the caller went on)", turn.turn_id)
+            self.turns.pop(turn.turn_id, None)
+            if turn.held_record is not None:  # the turn's record: the calls' reply, with their results
+                since = turn.marks.get("speech_end")
+                kept = tuple(r.as_dict(since) for r in turn.tool_runs)
+                await self._record(replace(turn.held_record, tool_calls=kept))
+            return
+        await self._start_reply(turn, None, step=reply.step + 1)
+
+    async def _ask_client(self, call: ToolCall) -> str:
+        """A client tool: the client runs it and answers with function_call.output."""
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.asked[call.call_id] = future
+        try:
+            await self.outbound.send_event(FunctionCallRequest(self.answering, call))
+            return await future
+        finally:
+            self.asked.pop(call.call_id, None)
+
+    def on_function_output(self, call_id: str, output: str) -> bool:
+        """The client's answer to a call it was asked to run; False if no such call is waiting."""
+        future = self.asked.get(call_id)
+        if future is None or future.done():
+            return False
+        future.set_result(output)
+        return True

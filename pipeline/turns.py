@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-MARKS = ("speech_end", "asr_final", "llm_first_token", "first_phrase", "tts_first_audio", "first_audio_sent")
+MARKS = ("speech_end", "asr_final", "llm_first_token", "first_phrase", "tts_first_audio", "first_audio_sent",
+         "tool_dispatched", "tools_done", "answer_first_audio_sent")
 
 
 @dataclass
@@ -16,6 +18,8 @@ class Turn:
     marks: dict[str, float] = field(default_factory=dict)
     ended_at: float | None = None  # estimated clock time the caller's speech really ended
     dtmf: str | None = None  # the keys pressed, when the turn is a keypad turn
+    tool_runs: list[Any] = field(default_factory=list)  # every tool call of the turn (pipeline.tools.ToolRun)
+    held_record: Any = None  # a tool-calls reply's ResponseDone, recorded only if no follow-up comes
 
     def mark(self, name: str, at: float) -> None:
         self.marks.setdefault(name, at)

@@ -215,3 +215,21 @@ def test_greedy_speculation_under_the_grammar_equals_plain_decoding(method: str,
     assert [(c.name, c.arguments) for c in spec_calls] == [(c.name, c.arguments) for c in plain_calls]
     if method == "draft_model":  # an identical draft: every token it is asked for is kept
         assert stats.accepted_tokens > 0
+
+
+def test_jump_forward_writes_the_same_tokens_in_fewer_model_steps() -> None:
+    tools = parse_tools(TOOLS, "required")
+    assert tools is not None
+    outputs = {}
+    for jump in (False, True):
+        lm = FakeByteLM()
+        guide = ToolGuide(lm, tools, 1, jump_forward=jump)  # type: ignore[arg-type]
+        params = SamplingParams(temperature=0, max_tokens=300)
+        stats = GenerationStats()
+        decoder = PlainDecoder(lm, lm.new_state(), params, stats, guide)  # type: ignore[arg-type]
+        loop = GenerationLoop(lm, decoder, lm.encode("user: hi\nassistant: "), params, stats)  # type: ignore[arg-type]
+        while not loop.done:
+            loop.step()
+        outputs[jump] = (loop.produced, lm.passes)
+    (slow, slow_passes), (fast, fast_passes) = outputs[False], outputs[True]
+    assert slow == fast and fast_passes < slow_passes

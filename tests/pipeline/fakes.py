@@ -10,8 +10,17 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 import numpy as np
 
 from core.clock import MonotonicClock
-from models.protocols import Audio, ChatMessage, GenerationDone, GenerationStats, LLMOutput, SamplingParams, TextDelta
-from models.tool_calls import Tools
+from models.protocols import (
+    Audio,
+    ChatMessage,
+    GenerationDone,
+    GenerationStats,
+    LLMOutput,
+    SamplingParams,
+    TextDelta,
+    ToolCallOutput,
+)
+from models.tool_calls import ToolCall, Tools
 from pipeline.events import OutEvent
 
 
@@ -85,11 +94,22 @@ class FakeConversation:
     async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams,
                      tools: Tools | None = None) -> AsyncIterator[LLMOutput]:
         self.llm.requests.append(list(messages))
+        self.llm.tools_seen.append(tools)
         reply = self.llm.replies.pop(0)
-        for i, word in enumerate(reply.split()):
-            await asyncio.sleep(self.llm.token_delay)
-            yield TextDelta(word if i == 0 else " " + word)
-        yield GenerationDone(GenerationStats(completion_tokens=len(reply.split()), duration_ms=1.0))
+        parts = [reply] if isinstance(reply, str) else reply  # text, and tool calls (ToolCall), in order
+        words = 0
+        for part in parts:
+            if isinstance(part, ToolCall):
+                await asyncio.sleep(self.llm.token_delay)
+                yield ToolCallOutput(part)
+                continue
+            for i, word in enumerate(part.split()):
+                await asyncio.sleep(self.llm.token_delay)
+                yield TextDelta(word if i == 0 and words == 0 else " " + word)
+                words += 1
+        calls = any(isinstance(p, ToolCall) for p in parts)
+        yield GenerationDone(GenerationStats(completion_tokens=words, duration_ms=1.0,
+                                             finish_reason="tool_calls" if calls else "stop"))
 
     def set_speculation_cap(self, cap: int | None) -> None:
         self.llm.caps.append(cap)
@@ -113,9 +133,10 @@ class FakeConversation:
 class FakeLLM:
     name = "fake"
 
-    def __init__(self, replies: list[str], token_delay: float = 0.002) -> None:
-        self.replies = list(replies)
+    def __init__(self, replies: list[str] | list[str | list[str | ToolCall]], token_delay: float = 0.002) -> None:
+        self.replies: list[str | list[str | ToolCall]] = list(replies)
         self.requests: list[list[ChatMessage]] = []
+        self.tools_seen: list[Tools | None] = []  # what each reply was offered
         self.token_delay = token_delay
         self.caps: list[int | None] = []
         self.deadlines: list[float | None] = []  # every set_deadline, in order

@@ -1,0 +1,219 @@
+"""Running tool calls: the tools of one call, who runs each, and what became of every call.
+
+Three kinds of tool:
+- the client's (declared in session.start or session.update): the server asks the client with a
+  `response.function_call` event and waits for its `function_call.output`;
+- the server's own HTTP tools (tools.file): called with httpx, their JSON answer given to the model;
+- built in: `end_call` (the goodbye is said, then the call ends).
+
+A call's outcome is always text for the model: the tool's output, or {"error": ...} when it failed
+or took longer than tools.timeout_s; the caller then hears an honest sentence, never silence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from core.clock import Clock
+from core.errors import ConfigError
+from models.tool_calls import Tool, ToolCall, Tools, parse_tools
+from pipeline.config import ToolsConfig
+
+log = logging.getLogger(__name__)
+END_CALL = Tool("end_call", "End the phone call. Use it only when the caller says goodbye or asks to hang up; say "
+                "a short goodbye in the same reply.", {"type": "object", "properties": {}})
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+class ToolFailed(Exception):
+    """A tool did not give an answer; the message is what the model is told."""
+
+
+@dataclass
+class ToolRun:
+    """One call and what became of it (kept with its turn, shown in QA)."""
+
+    call: ToolCall
+    runs_on: str  # "client", "server" or "builtin"
+    dispatched_at: float
+    finished_at: float | None = None
+    output: str | None = None  # what the model is given
+    error: str | None = None
+    filler_heard: bool | None = None  # whether the caller heard the turn's filler while it ran
+
+    def as_dict(self, since: float | None = None) -> dict[str, Any]:
+        def ms(at: float | None) -> float | None:
+            return None if at is None or since is None else round((at - since) * 1000, 1)
+
+        return {"call_id": self.call.call_id, "name": self.call.name, "arguments": self.call.arguments,
+                "runs_on": self.runs_on, "output": self.output, "error": self.error,
+                "dispatched_ms": ms(self.dispatched_at), "finished_ms": ms(self.finished_at),
+                "duration_ms": None if self.finished_at is None else
+                round((self.finished_at - self.dispatched_at) * 1000, 1),
+                "filler_heard": self.filler_heard}
+
+
+@dataclass(frozen=True)
+class HttpTool:
+    tool: Tool
+    url: str
+    method: str = "POST"
+    headers: dict[str, str] = field(default_factory=dict)  # values may hold ${ENV_VAR}
+    timeout_s: float | None = None
+
+    async def run(self, client: httpx.AsyncClient, arguments: dict[str, Any], timeout: float) -> str:
+        headers = {k: _ENV.sub(lambda m: os.environ.get(m.group(1), ""), v) for k, v in self.headers.items()}
+        try:
+            if self.method in ("GET", "DELETE"):
+                response = await client.request(self.method, self.url, params=arguments, headers=headers,
+                                                timeout=timeout)
+            else:
+                response = await client.request(self.method, self.url, json=arguments, headers=headers,
+                                                timeout=timeout)
+        except httpx.TimeoutException as exc:
+            raise ToolFailed(f"the tool did not answer within {timeout:g} s") from exc
+        except httpx.HTTPError as exc:  # the URL is the operator's; secrets sit in headers, never shown
+            raise ToolFailed(f"the tool could not be reached ({type(exc).__name__})") from exc
+        if response.is_error:
+            raise ToolFailed(f"the tool answered HTTP {response.status_code}: {response.text[:300]}")
+        return response.text
+
+
+def load_tools_file(path: str) -> list[HttpTool]:
+    """The server's HTTP tools from a JSON or YAML file: a list, or {"tools": [...]}."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise ConfigError(f"tools.file {path!r} cannot be read ({exc}); fix the path or unset tools.file") from exc
+    try:
+        if file.suffix in (".yaml", ".yml"):
+            import yaml
+
+            raw = yaml.safe_load(text)
+        else:
+            raw = json.loads(text)
+    except Exception as exc:  # json's ValueError, yaml's YAMLError
+        raise ConfigError(f"tools.file {path!r} is not valid {'YAML' if file.suffix in ('.yaml', '.yml') else 'JSON'}: "
+                          f"{exc}") from exc
+    items = raw.get("tools") if isinstance(raw, dict) else raw
+    if not isinstance(items, list):
+        raise ConfigError(f"tools.file {path!r} must hold a list of tools (or {{\"tools\": [...]}})")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise ConfigError(f"tools.file {path!r}: tools[{i}] is not an object")
+        declared = parse_tools([{"type": "function", **{k: item[k] for k in ("name", "description", "parameters")
+                                                         if k in item}}])
+        assert declared is not None
+        url, method = item.get("url"), str(item.get("method", "POST")).upper()
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"tools.file {path!r}: tool {item.get('name')!r} needs an http(s) url")
+        if method not in METHODS:
+            raise ConfigError(f"tools.file {path!r}: tool {item.get('name')!r}: method must be one of {METHODS}")
+        headers = item.get("headers", {})
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            raise ConfigError(f"tools.file {path!r}: tool {item.get('name')!r}: headers must map names to strings")
+        timeout = item.get("timeout_s")
+        out.append(HttpTool(declared.tools[0], url, method, dict(headers), float(timeout) if timeout else None))
+    return out
+
+
+class ToolBox:
+    """One call's tools: the declarations the model sees and a runner for each."""
+
+    def __init__(self, config: ToolsConfig, clock: Clock, server: list[HttpTool], http: httpx.AsyncClient | None,
+                 ask_client: Callable[[ToolCall], Awaitable[str]] | None = None) -> None:
+        self.config, self.clock, self.http = config, clock, http
+        self.server = {t.tool.name: t for t in server}
+        self.ask_client = ask_client
+        self.client_tools: tuple[Tool, ...] = ()
+        self.client_choice = "auto"
+        self.end_call = config.end_call
+        self.on_end_call: Callable[[], None] | None = None
+
+    def declare(self, tools: Any, choice: Any = None, end_call: bool | None = None) -> None:
+        """The client's own tools (session.start, session.update); a ConfigError says what is wrong."""
+        parsed = parse_tools(tools, "auto")
+        declared = parsed.tools if parsed else ()
+        if len(declared) > self.config.max_tools:
+            raise ConfigError(f"{len(declared)} tools declared; at most tools.max_tools ({self.config.max_tools})")
+        clash = {t.name for t in declared} & (set(self.server) | {END_CALL.name})
+        if clash:
+            raise ConfigError(f"tool names {sorted(clash)} are the server's own; choose other names")
+        self.client_tools = declared
+        if end_call is not None:
+            self.end_call = end_call
+        everything = parse_tools(self._all_json() or None, choice)
+        self.client_choice = everything.choice if everything is not None else "auto"
+
+    def _all(self) -> tuple[Tool, ...]:
+        return (*self.client_tools, *(t.tool for t in self.server.values()), *((END_CALL,) if self.end_call else ()))
+
+    def _all_json(self) -> list[dict[str, Any]]:
+        return [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
+                for t in self._all()]
+
+    def tools(self, step: int) -> Tools | None:
+        """What the model is offered in a turn's reply `step` (1: the answer to the caller's words;
+        then one per round of calls), None with no tools. A "required" or named tool_choice holds
+        for the first step only (the reply to the results is the model's choice); after
+        tools.max_steps rounds of calls the model may no longer call them."""
+        everything = self._all()
+        if not everything:
+            return None
+        choice = self.client_choice if self.client_choice != "auto" else self.config.tool_choice
+        if step > self.config.max_steps:
+            choice = "none"
+        elif step > 1 and choice != "none":
+            choice = "auto"
+        return Tools(everything, choice)
+
+    def runs_on(self, name: str) -> str:
+        if name in self.server:
+            return "server"
+        return "builtin" if name == END_CALL.name else "client"
+
+    async def run(self, run: ToolRun) -> ToolRun:
+        """Run one call to its end: its output, or the error the model is told. Never raises."""
+        call, timeout = run.call, self.config.timeout_s
+        try:
+            if call.name in self.server:
+                tool = self.server[call.name]
+                if self.http is None:
+                    raise ToolFailed("the server's HTTP client is not running")
+                wait = tool.timeout_s or timeout
+                output = await asyncio.wait_for(tool.run(self.http, call.parsed_arguments(), wait), wait + 1)
+            elif call.name == END_CALL.name:
+                if self.on_end_call is not None:
+                    self.on_end_call()
+                output = json.dumps({"ok": True, "note": "the call ends after your goodbye"})
+            elif self.ask_client is not None and any(t.name == call.name for t in self.client_tools):
+                output = await asyncio.wait_for(self.ask_client(call), timeout)
+            else:
+                raise ToolFailed(f"no tool is called {call.name!r} on this call")
+            run.output = output[: self.config.max_result_chars]
+        except TimeoutError:
+            run.error = f"the tool {call.name} did not answer within {timeout:g} s"
+        except ToolFailed as exc:
+            run.error = f"the tool {call.name} failed: {exc}"
+        except Exception as exc:  # a runner's own bug must not leave the call stuck "in progress"
+            log.error("tool %s failed unexpectedly", call.name, exc_info=exc)
+            run.error = f"the tool {call.name} failed: {type(exc).__name__}"
+        if run.error is not None:
+            run.output = json.dumps({"error": run.error + ". Tell the caller you could not do it, and do not "
+                                                          "make up an answer."})
+            log.warning("tool call %s %s: %s", call.call_id, call.name, run.error)
+        run.finished_at = self.clock.now()
+        return run

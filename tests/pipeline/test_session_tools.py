@@ -1,0 +1,257 @@
+"""Tool calls inside a turn, with fake engines (tests/pipeline/fakes.py) and a real HTTP tool server:
+dispatch, the follow-up reply, the filler, timeouts, the step limit, and the hard cases (a dropped
+preemptive reply runs nothing; a barge-in during a slow tool runs it once and keeps its result)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from aiohttp import web
+
+from pipeline.config import ToolsConfig
+from pipeline.events import FunctionCallRequest, ResponseDone
+from pipeline.tools import HttpTool, ToolBox
+from models.tool_calls import Tool, ToolCall
+from tests.pipeline.fakes import FakeLLM, RecordingOutbound
+from tests.pipeline.test_session import done_events, make_session, speak
+
+LOOKUP = {"type": "function", "name": "order_status", "description": "Look up an order.",
+          "parameters": {"type": "object", "properties": {"order_number": {"type": "string"}},
+                         "required": ["order_number"]}}
+
+
+def call(arguments: str = '{"order_number": "4512"}', call_id: str = "call_1") -> ToolCall:
+    return ToolCall(call_id, "order_status", arguments)
+
+
+def with_client_tools(session, config: ToolsConfig | None = None) -> ToolBox:  # type: ignore[no-untyped-def]
+    box = ToolBox(config or ToolsConfig(), session.clock, [], None, session._ask_client)
+    box.declare([LOOKUP])
+    session.toolbox = box
+    return box
+
+
+async def answer_calls(session, out: RecordingOutbound, output: str, delay: float = 0.0,  # type: ignore[no-untyped-def]
+                       answered: list[str] | None = None) -> None:
+    """The client's side: run each response.function_call (after `delay`) and answer it."""
+    seen: set[str] = set()
+    while True:
+        for event in list(out.events):
+            if isinstance(event, FunctionCallRequest) and event.call.call_id not in seen:
+                seen.add(event.call.call_id)
+                await asyncio.sleep(delay)
+                if answered is not None:
+                    answered.append(event.call.call_id)
+                session.on_function_output(event.call.call_id, output)
+        await asyncio.sleep(0.005)
+
+
+async def until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    """Poll a condition the outbound does not see change (the history)."""
+    async def loop() -> None:
+        while not predicate():
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(loop(), timeout)
+
+
+async def turn(session, out: RecordingOutbound, done: int) -> None:  # type: ignore[no-untyped-def]
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    await out.wait(lambda: len(done_events(out)) >= done, timeout=10)
+
+
+async def test_a_call_is_run_by_the_client_and_its_result_answered_in_one_follow_up() -> None:
+    llm = FakeLLM([["Let me look.", call()], "It shipped on Monday."])
+    session, out = make_session(llm, ["Where is my order 4512?"])
+    with_client_tools(session)
+    task = asyncio.create_task(session.run())
+    client = asyncio.create_task(answer_calls(session, out, json.dumps({"status": "shipped Monday"})))
+    await turn(session, out, 2)
+    first, second = done_events(out)[:2]
+    assert first.status == "tool_calls" and first.text == "Let me look."
+    assert [c["name"] for c in first.tool_calls] == ["order_status"]
+    assert second.status == "completed" and second.text == "It shipped on Monday." and not second.filler
+    requests = [e for e in out.events if isinstance(e, FunctionCallRequest)]
+    assert len(requests) == 1 and requests[0].call.arguments == '{"order_number": "4512"}'
+    roles = [m.role for m in session.history]
+    assert roles == ["system", "user", "assistant", "tool", "assistant"]
+    assert session.history[2].tool_calls == (call(),) and session.history[2].content == "Let me look."
+    assert json.loads(session.history[3].content) == {"status": "shipped Monday"}
+    assert llm.tools_seen[0] is not None and llm.tools_seen[0].callable  # offered on the first step
+    assert [m.role for m in llm.requests[1]][-2:] == ["assistant", "tool"]
+    assert "answer_first_audio_sent" in second.latency_ms and "tool_dispatched" in second.latency_ms
+    client.cancel()
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_parallel_calls_run_together_and_lead_to_one_follow_up() -> None:
+    llm = FakeLLM([[call(call_id="a"), call('{"order_number": "7"}', call_id="b")], "Both are on their way."])
+    session, out = make_session(llm, ["Where are my orders 4512 and 7?"])
+    with_client_tools(session)
+    task = asyncio.create_task(session.run())
+    client = asyncio.create_task(answer_calls(session, out, '{"status": "shipped"}', delay=0.1))
+    await turn(session, out, 2)
+    await asyncio.sleep(0.2)
+    assert [d.status for d in done_events(out)] == ["tool_calls", "completed"]
+    assert len(llm.requests) == 2  # one follow-up, not one per call
+    assert [m.role for m in session.history] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+    client.cancel()
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_a_slow_tool_gets_one_filler_in_the_agents_voice() -> None:
+    llm = FakeLLM([[call()], "It shipped."])
+    session, out = make_session(llm, ["Where is my order?"])
+    with_client_tools(session, ToolsConfig(filler_after_ms=100))
+    task = asyncio.create_task(session.run())
+    client = asyncio.create_task(answer_calls(session, out, '{"status": "shipped"}', delay=0.8))
+    await turn(session, out, 3)
+    dones = done_events(out)
+    assert [d.status for d in dones[:3]] == ["tool_calls", "completed", "completed"]
+    assert dones[1].filler and dones[1].text == "One moment, let me check."
+    assert dones[2].text == "It shipped."
+    assert "One moment" not in " ".join(m.content for m in session.history)  # said, not part of the dialogue
+    client.cancel()
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_a_tool_that_times_out_is_told_to_the_model_and_the_caller_hears_words() -> None:
+    llm = FakeLLM([[call()], "Sorry, I could not check your order right now."])
+    session, out = make_session(llm, ["Where is my order?"])
+    with_client_tools(session, ToolsConfig(timeout_s=0.2, filler_after_ms=5000))
+    task = asyncio.create_task(session.run())  # nobody answers the call
+    await turn(session, out, 2)
+    result = json.loads(session.history[3].content)
+    assert "did not answer within 0.2 s" in result["error"]
+    assert done_events(out)[1].text.startswith("Sorry, I could not check")
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_after_max_steps_the_model_must_answer_in_words() -> None:
+    llm = FakeLLM([[call(call_id="a")], [call(call_id="b")], "I could not find it."])
+    session, out = make_session(llm, ["Where is my order?"])
+    with_client_tools(session, ToolsConfig(max_steps=2))
+    task = asyncio.create_task(session.run())
+    client = asyncio.create_task(answer_calls(session, out, '{"status": "unknown"}'))
+    await turn(session, out, 3)
+    offered = llm.tools_seen[:3]
+    assert [t.callable for t in offered if t is not None] == [True, True, False]
+    client.cancel()
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_a_preemptive_reply_dropped_at_the_pause_runs_no_tool() -> None:
+    """The caller pauses (a preemptive reply starts and makes a call), then goes on: the call is
+    never dispatched; the reply to the whole turn makes its own."""
+    llm = FakeLLM([[call(call_id="early")], [call(call_id="late")], "Found it."])
+    session, out = make_session(llm, ["Where is my", "Where is my order 4512?"])
+    with_client_tools(session)
+    task = asyncio.create_task(session.run())
+    answered: list[str] = []
+    client = asyncio.create_task(answer_calls(session, out, '{"status": "shipped"}', answered=answered))
+    await speak(session, 0.5, True)
+    await speak(session, 0.2, False)  # a pause: the turn is not over
+    await asyncio.sleep(0.05)
+    await speak(session, 0.5, True)
+    await speak(session, 0.6, False)
+    await out.wait(lambda: any(d.status == "completed" for d in done_events(out)), timeout=10)
+    assert "early" not in answered and "late" in answered
+    assert done_events(out)[0].discarded == 1  # the preemptive reply (whose call was made) was dropped
+    assert [m.content for m in llm.requests[0]][-1] == "Where is my"
+    client.cancel()
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_barge_in_during_a_slow_tool_runs_it_once_and_keeps_its_result() -> None:
+    llm = FakeLLM([[call()], "Okay, what else?"])
+    session, out = make_session(llm, ["Where is my order?", "Hello? Are you there?"])
+    with_client_tools(session, ToolsConfig(filler_after_ms=5000))
+    task = asyncio.create_task(session.run())
+    answered: list[str] = []
+    client = asyncio.create_task(answer_calls(session, out, '{"status": "shipped"}', delay=1.0, answered=answered))
+    await turn(session, out, 1)
+    await speak(session, 0.5, True)  # the caller speaks while the tool runs
+    await speak(session, 0.5, False)
+    await out.wait(lambda: len(done_events(out)) >= 2, timeout=10)
+    await until(lambda: any(m.role == "tool" for m in session.history))
+    assert answered == ["call_1"]  # asked once, answered once
+    roles = [m.role for m in session.history]
+    assert roles.count("tool") == 1 and roles.index("tool") < roles.index("user", 2)  # at its place
+    assert [d.status for d in done_events(out)][:2] == ["tool_calls", "completed"]
+    client.cancel()
+    await session.audio_in.put(None)
+    await task
+
+
+# -- the server's own HTTP tools ------------------------------------------------------------------
+@pytest.fixture
+async def tool_server() -> AsyncIterator[tuple[str, list[dict]]]:
+    """A real HTTP server on a free port: POST /orders answers from its body, /slow never answers."""
+    seen: list[dict] = []
+
+    async def orders(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append({"body": body, "auth": request.headers.get("Authorization")})
+        return web.json_response({"order_number": body["order_number"], "status": "shipped Monday"})
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/orders", orders)
+    app.router.add_post("/slow", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield f"http://127.0.0.1:{port}", seen
+    await runner.cleanup()
+
+
+async def test_an_http_tool_gets_the_arguments_and_a_secret_header_from_the_environment(
+        tool_server: tuple[str, list[dict]], monkeypatch: pytest.MonkeyPatch) -> None:
+    base, seen = tool_server
+    monkeypatch.setenv("ORDERS_TOKEN", "s3cret")
+    tool = Tool("order_status", "Look up an order.", LOOKUP["parameters"])  # type: ignore[arg-type]
+    llm = FakeLLM([[call()], "It shipped on Monday."])
+    session, out = make_session(llm, ["Where is my order 4512?"])
+    async with httpx.AsyncClient() as http:
+        session.toolbox = ToolBox(ToolsConfig(), session.clock, [HttpTool(
+            tool, base + "/orders", "POST", {"Authorization": "Bearer ${ORDERS_TOKEN}"})], http)
+        task = asyncio.create_task(session.run())
+        await turn(session, out, 2)
+        await session.audio_in.put(None)
+        await task
+    assert seen == [{"body": {"order_number": "4512"}, "auth": "Bearer s3cret"}]
+    result = json.loads(session.history[3].content)
+    assert result["status"] == "shipped Monday"
+    first = done_events(out)[0]
+    assert first.tool_calls[0]["runs_on"] == "server" and first.tool_calls[0]["name"] == "order_status"
+
+
+async def test_an_http_tool_that_hangs_times_out(tool_server: tuple[str, list[dict]]) -> None:
+    base, _ = tool_server
+    tool = Tool("order_status", "Look up an order.", LOOKUP["parameters"])  # type: ignore[arg-type]
+    llm = FakeLLM([[call()], "Sorry, the order system is not answering."])
+    session, out = make_session(llm, ["Where is my order 4512?"])
+    async with httpx.AsyncClient() as http:
+        session.toolbox = ToolBox(ToolsConfig(timeout_s=0.3, filler_after_ms=5000), session.clock,
+                                  [HttpTool(tool, base + "/slow")], http)
+        task = asyncio.create_task(session.run())
+        await turn(session, out, 2)
+        await session.audio_in.put(None)
+        await task
+    assert "did not answer within 0.3 s" in json.loads(session.history[3].content)["error"]
+    assert isinstance(done_events(out)[1], ResponseDone) and done_events(out)[1].status == "completed"
