@@ -11,6 +11,8 @@ inside the official vllm/vllm-openai image).
     VLLM_GPU_MEMORY_UTILIZATION   share of the GPU vLLM may take           0.90
     VLLM_MAX_MODEL_LEN            longest context, prompt + reply          8192
     VLLM_MAX_NUM_SEQS             requests decoded together                32
+    VLLM_TOOL_CALL_PARSER         the model's tool-call format, for tool calls hermes
+                                  (--enable-auto-tool-choice --tool-call-parser; "off": none)
     VLLM_EXTRA_ARGS               more `vllm serve` arguments, shell-quoted
     VLLM_DRY_RUN=1                print the command instead of running it
 
@@ -41,6 +43,7 @@ DEFAULTS = {
     "VLLM_MAX_MODEL_LEN": "8192",
     "VLLM_MAX_NUM_SEQS": "32",
     "VLLM_PORT": "8000",
+    "VLLM_TOOL_CALL_PARSER": "hermes",  # Qwen2.5's <tool_call> format
 }
 OFF = {"off", "none", "false", "0"}
 
@@ -130,6 +133,9 @@ def command(
     spec = speculative_config(env, vocab, heterogeneous_ok)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    parser = setting(env, "VLLM_TOOL_CALL_PARSER")
+    if parser.lower() not in OFF:  # the calls' tools and tool_choice="auto" (the voice service's tool calls)
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", parser]
     return args + shlex.split(env.get("VLLM_EXTRA_ARGS", ""))
 
 

@@ -150,6 +150,7 @@ def test_vllm_runs_the_launcher_with_speculative_decoding(
     assert config == {"method": "draft_model", "model": "Qwen/Qwen2.5-0.5B-Instruct", "num_speculative_tokens": 4}
     assert args[args.index("--gpu-memory-utilization") + 1] == "0.90"
     assert args[args.index("--max-model-len") + 1] == "8192"
+    assert args[args.index("--tool-call-parser") + 1] == "hermes" and "--enable-auto-tool-choice" in args
     assert args[args.index("--served-model-name") + 1] == services["voice-agent"]["environment"][
         "VOICE_AGENT_LLM__REMOTE_MODEL"]
 
