@@ -223,8 +223,10 @@ class PhoneCall(Connection):
         self.resampler = StreamResampler(SAMPLE_RATE, runtime.backends.vad.sample_rate)
         caller = start.parameters.get("From") or start.parameters.get("from")
         self.call_log = CallLog(runtime, self.session_id, self.dialect.name, caller=caller)
+        # the server's own tools (tools.file): a phone call has no client that could run any
         self.session = Session(runtime.backends, runtime.pipeline_config(), runtime.clock, self.outbound,
-                               output_rate=SAMPLE_RATE, on_turn=self.on_turn, tap=self.call_log.recorder)
+                               output_rate=SAMPLE_RATE, on_turn=self.on_turn, tap=self.call_log.recorder,
+                               toolbox=runtime.toolbox())
         runtime.metrics.sessions.labels(self.dialect.name).inc()
         self.task = asyncio.create_task(self.session.run())
         runtime.keep_call_task(self.task)
