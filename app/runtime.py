@@ -248,7 +248,9 @@ def load_backends(settings: Settings, clock: Clock, say: object = print) -> Back
                             api_sequences=settings.server.max_api_requests)
     warm_up = getattr(llm, "warm_up", None)
     if callable(warm_up):
-        warm_up(settings.session.system_prompt)
+        server_tools = ToolBox(settings.tools, clock, load_tools_file(settings.tools.file), None).tools(1) \
+            if settings.tools.file else None
+        warm_up(settings.session.system_prompt, server_tools, settings.session.tools_prompt)
     return Backends(vad=vad, asr=asr, tts=tts, llm=llm, turn=_load_turn(settings, llm.weighs_words, report))
 
 

@@ -94,14 +94,20 @@ class EmbeddedLLM:
         limit = min(context_tokens or self.max_context_tokens, self.max_context_tokens)
         return EmbeddedConversation(self, self.strategy.new_session(), limit)
 
-    def warm_up(self, system_prompt: str | None = None) -> None:
+    def warm_up(self, system_prompt: str | None = None, tools: Tools | None = None,
+                tools_prompt: str | None = None) -> None:
         """Blocking: compute the default system prompt once for the whole process (each new call
-        copies its cache instead of computing it), then one short prefill so the first caller does
-        not pay for lazy initialisation."""
+        copies its cache instead of computing it), and with the server's own tools the system
+        prompt of a call that has them (the tools are rendered in it: ~700 tokens for four); then
+        one short prefill so the first caller does not pay for lazy initialisation."""
         if system_prompt:
             # pinned: callers' own instructions are remembered too, and must not push it out
             self.lm.remember_prefix(self.lm.chat_tokens([{"role": "system", "content": system_prompt}],
                                                         add_generation_prompt=False), pinned=True)
+        if tools is not None and tools_prompt:
+            message = [{"role": "system", "content": tools_prompt}]
+            self.lm.remember_prefix(self.lm.chat_tokens(message, False, [t.as_openai() for t in tools.tools]),
+                                    pinned=True)
         state = self.lm.new_state()
         try:
             self.lm.prefill(state, self.lm.chat_tokens([{"role": "user", "content": "Hi"}]))
@@ -179,20 +185,20 @@ class EmbeddedConversation:
         offered = [t.as_openai() for t in tools.tools] if tools else []
         return self.llm.lm.chat_tokens(_for_template(messages), add_generation_prompt, offered)
 
-    def _prepare(self, messages: Sequence[ChatMessage]) -> None:
-        prompt = self._prompt(messages, add_generation_prompt=False)
+    def _prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> None:
+        prompt = self._prompt(messages, add_generation_prompt=False, tools=tools)
         if prompt:
             if [m.role for m in messages] == ["system"]:
                 self.llm.lm.remember_prefix(prompt)
             self.llm.lm.prefill(self._state(), prompt)
 
-    async def prepare(self, messages: Sequence[ChatMessage]) -> None:
+    async def prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> None:
         """Prefill the conversation so far (e.g. the system prompt at session start: a copy of the
         process's cache of it when it is the one computed before)."""
         # No deadline of its own: it runs after every job that has one, unless a reply begins
         # while it waits (then it is due when the reply is).
         self.lane.more, self.lane.fallback = False, None
-        await self.llm.worker.run_by(self.lane, self._prepare, messages)
+        await self.llm.worker.run_by(self.lane, self._prepare, messages, tools)
 
     async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams,
                      tools: Tools | None = None) -> AsyncGenerator[LLMOutput, None]:
@@ -250,15 +256,15 @@ class EmbeddedConversation:
                 stats.finish_reason = "tool_calls"
         yield GenerationDone(stats)
 
-    async def end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:
+    async def end_of_turn(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> float | None:
         """The chance that the caller's sentence ends after the last message's text (see
         `_end_of_turn`), from the logits of a prefill of the conversation up to there: a head start
         for the reply, due at once."""
         if self.llm.end_of_message is None:
             return None
-        return await self.llm.worker.run_by(self.llm.clock.now(), self._end_of_turn, messages)
+        return await self.llm.worker.run_by(self.llm.clock.now(), self._end_of_turn, messages, tools)
 
-    def _end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:
+    def _end_of_turn(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> float | None:
         """P(the message ends) + P(a sentence mark: ".", "?", "!") after the last message's words,
         from one prefill. The words come without their final punctuation (pipeline.turn_policy.
         bare_words): Whisper puts a "?" even after "Can you book me a table for", and the model
@@ -271,7 +277,7 @@ class EmbeddedConversation:
         assert marker is not None
         if self.generating:  # a reply began meanwhile: its cache is not this prompt's to change
             return None
-        prompt = self._prompt(messages, add_generation_prompt=False)
+        prompt = self._prompt(messages, add_generation_prompt=False, tools=tools)
         if tuple(prompt[-len(marker):]) != marker or len(prompt) + 1 > self.context_tokens:
             return None
         logits, _ = self.llm.lm.prefill(self._state(), prompt[:-len(marker)])

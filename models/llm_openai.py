@@ -181,10 +181,10 @@ class OpenAIConversation:
         self.llm = llm
         self.deadline: float | None = None
 
-    async def prepare(self, messages: Sequence[ChatMessage]) -> None:
+    async def prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> None:
         """Nothing to do ahead of time: the server's prefix cache keeps the prompt's KV."""
 
-    async def end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:
+    async def end_of_turn(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> float | None:
         """Not known: an OpenAI-compatible server gives no probabilities of a message's end."""
         return None
 

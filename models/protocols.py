@@ -179,8 +179,9 @@ class Conversation(Protocol):
     """One caller's conversation with a language model: backends may keep state between turns
     (the embedded one keeps its KV cache so a turn computes only its new tokens)."""
 
-    async def prepare(self, messages: Sequence[ChatMessage]) -> None:
-        """Optional head start: compute what can be computed before the caller has finished."""
+    async def prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> None:
+        """Optional head start: compute what can be computed before the caller has finished (with
+        the tools the next reply is offered: they are part of the prompt)."""
         ...
 
     def stream(self, messages: Sequence[ChatMessage], params: SamplingParams,
@@ -190,7 +191,7 @@ class Conversation(Protocol):
         reply made calls). Closing the iterator early cancels the generation."""
         ...
 
-    async def end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:
+    async def end_of_turn(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> float | None:
         """The model's probability that the last message (the caller's words so far) ends there: the
         chance of its chat template's end-of-message token, or of a sentence mark, after the text.
         None where the backend cannot tell (a remote server). What the embedded engine computes for

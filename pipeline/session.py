@@ -42,7 +42,7 @@ from models.protocols import (
     TurnDetector,
     VoiceActivityDetector,
 )
-from models.tool_calls import ToolCall
+from models.tool_calls import ToolCall, Tools
 from pipeline.asr_stage import asr_stage
 from pipeline.audio import float_to_pcm16, resample
 from pipeline.chunker import chunk_stage
@@ -381,7 +381,7 @@ class Session:
         if judge is not None and judge.expects_words:
             try:
                 asked = (*self._prompt(), ChatMessage("user", bare_words(words)))
-                probability = await self.conversation.end_of_turn(asked)
+                probability = await self.conversation.end_of_turn(asked, self._tools(1))
             except Exception as exc:  # the words are evidence; without them the sound decides
                 log.warning("turn %d: the LLM's end-of-turn probability failed: %s", turn_id, exc)
             if probability is not None:
@@ -496,6 +496,9 @@ class Session:
         await self.outbound.send_event(TranscriptFinal(turn.turn_id, text, now))
         await self._start_reply(turn, text)  # not if the caller hung up meanwhile (_start_reply checks)
 
+    def _tools(self, step: int) -> Tools | None:
+        return self.toolbox.tools(step) if self.toolbox is not None else None
+
     def _prepare(self, messages: tuple[ChatMessage, ...]) -> None:
         """Give the LLM a head start: prefill the conversation so far (and the caller's words while
         they speak), so that at the final transcript only what changed is computed. Only between
@@ -506,7 +509,7 @@ class Session:
 
     async def _prepare_quietly(self, messages: tuple[ChatMessage, ...]) -> None:
         try:
-            await self.conversation.prepare(messages)
+            await self.conversation.prepare(messages, self._tools(1))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a head start that fails costs nothing but the head start
@@ -591,10 +594,7 @@ class Session:
         the queue, so the turn ends (failed, with an error event, if a stage raised)."""
         cfg = self.config
         turn = reply.turn
-        tools = None
-        if self.toolbox is not None:
-            tools = self.toolbox.tools(reply.step)
-        request = ReplyRequest(turn.turn_id, reply.prompt, self.clock.now(), tools)
+        request = ReplyRequest(turn.turn_id, reply.prompt, self.clock.now(), self._tools(reply.step))
         text = (llm_stage(_one(request), self.conversation, cfg.sampling, self.clock) if reply.fixed_text is None
                 else _said(turn.turn_id, reply.fixed_text, self.clock))
         phrases = chunk_stage(text, cfg.chunker, self.clock)

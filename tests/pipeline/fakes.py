@@ -83,10 +83,10 @@ class FakeConversation:
         self.llm = llm
         self.deadline: float | None = None
 
-    async def prepare(self, messages: Sequence[ChatMessage]) -> None:
+    async def prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> None:
         return None
 
-    async def end_of_turn(self, messages: Sequence[ChatMessage]) -> float | None:
+    async def end_of_turn(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> float | None:
         """The fake LLM's `end_of_turn` answer for the words (a function of them), or None."""
         self.llm.asked_end_of_turn.append(messages[-1].content)
         return self.llm.end_of_turn(messages[-1].content) if self.llm.end_of_turn is not None else None

@@ -12,10 +12,10 @@ import httpx
 import pytest
 from aiohttp import web
 
+from models.tool_calls import Tool, ToolCall
 from pipeline.config import ToolsConfig
 from pipeline.events import FunctionCallRequest, ResponseDone
 from pipeline.tools import HttpTool, ToolBox
-from models.tool_calls import Tool, ToolCall
 from tests.pipeline.fakes import FakeLLM, RecordingOutbound
 from tests.pipeline.test_session import done_events, make_session, speak
 
