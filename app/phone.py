@@ -74,15 +74,19 @@ class PhoneOutbound(SocketOutbound):
         self.stream_id = ""
         self.label = dialect.name  # "twilio CA..." once the call has started: every log line names the call
         self.turn_id: int | None = None  # the reply whose audio is being sent
-        self.turn_sent = 0  # its samples sent
+        # the turn's samples sent, by every reply to it (a tool call's filler, then the answer): the
+        # marks count per turn, as the native client's played reports do
+        self.turn_sent = 0
+        self.counted_turn: int | None = None
         self.turn_marked = 0  # its samples sent before the last mark
 
     async def send_frame(self, frame: dict[str, Any]) -> None:
         await self._send(self.websocket.send_text, json.dumps(frame))
 
     async def send_audio(self, pcm16: bytes, turn_id: int) -> None:
-        if turn_id != self.turn_id:
-            self.turn_id, self.turn_sent, self.turn_marked = turn_id, 0, 0
+        if turn_id != self.counted_turn:
+            self.counted_turn, self.turn_sent, self.turn_marked = turn_id, 0, 0
+        self.turn_id = turn_id
         mulaw = pcm16_to_mulaw(pcm16)
         for start in range(0, len(mulaw), FRAME_SAMPLES):
             frame = mulaw[start:start + FRAME_SAMPLES]
@@ -226,7 +230,7 @@ class PhoneCall(Connection):
         # the server's own tools (tools.file): a phone call has no client that could run any
         self.session = Session(runtime.backends, runtime.pipeline_config(), runtime.clock, self.outbound,
                                output_rate=SAMPLE_RATE, on_turn=self.on_turn, tap=self.call_log.recorder,
-                               toolbox=runtime.toolbox())
+                               toolbox=runtime.toolbox(), hang_up=self.hang_up)
         runtime.metrics.sessions.labels(self.dialect.name).inc()
         self.task = asyncio.create_task(self.session.run())
         runtime.keep_call_task(self.task)

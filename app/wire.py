@@ -43,6 +43,7 @@ class SessionStart(BaseModel):
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None  # the client's tools, in OpenAI's function shape
     tool_choice: str | dict[str, Any] | None = None
+    end_call: bool | None = None  # offer the built-in end_call tool (default: tools.end_call)
 
 
 class SessionUpdate(BaseModel):

@@ -98,6 +98,7 @@ class Connection:
         self.outbound = SocketOutbound(websocket, self.settings.send_timeout_s, runtime.metrics)
         self.session_id = "sess_" + uuid.uuid4().hex[:16]
         self.session: Session | None = None
+        self.agent_hung_up = asyncio.Event()  # set by end_call's hang-up
         self.toolbox: ToolBox | None = None
         self.task: asyncio.Task[None] | None = None
         self.resampler: StreamResampler | None = None
@@ -145,6 +146,7 @@ class Connection:
         start_by = clock.now() + self.settings.start_timeout_s  # a socket that never starts its call is closed
         gone = asyncio.ensure_future(self.outbound.gone.wait())
         draining = asyncio.ensure_future(self.runtime.draining.wait())
+        hung_up = asyncio.ensure_future(self.agent_hung_up.wait())
         farewell: asyncio.Task[None] | None = None  # the goodbye once the server drains
         receive: asyncio.Future[Any] | None = None
         try:
@@ -164,10 +166,15 @@ class Connection:
                 # failed (reported at once, not at the caller's next message).
                 if receive is None:
                     receive = asyncio.ensure_future(self.websocket.receive())
-                waiting: set[asyncio.Future[Any]] = {receive, gone, farewell or draining}
+                waiting: set[asyncio.Future[Any]] = {receive, gone, farewell or draining, hung_up}
                 if self.task is not None:
                     waiting.add(self.task)
                 await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                if hung_up.done():
+                    log.info("%s: the agent ended the call (end_call)", self.session_id)
+                    self.end_reason = "agent_hangup"
+                    await self.stop_session()
+                    return await self.close(CLOSE_NORMAL)
                 if gone.done():
                     log.info("%s: the caller stopped reading; call ended and its slot freed", self.session_id)
                     self.end_reason = "caller_stopped_reading"
@@ -198,6 +205,7 @@ class Connection:
         finally:
             gone.cancel()
             draining.cancel()
+            hung_up.cancel()
             if farewell is not None:
                 farewell.cancel()
             if receive is not None:
@@ -273,6 +281,12 @@ class Connection:
         await self.start_session(parsed)
         return True
 
+    def hang_up(self) -> None:
+        """The agent ends the call (end_call, once the goodbye was heard): the call's loop stops the
+        session and closes with 1000, as after session.end (on a phone line, closing the media
+        stream ends Twilio's <Connect> and Telnyx's stream, and with them the call)."""
+        self.agent_hung_up.set()
+
     async def update_tools(self, tools: list[dict[str, Any]] | None, choice: Any) -> bool:
         """The client's tools for the next replies; an error message says what is wrong with them."""
         if self.toolbox is None:
@@ -303,12 +317,14 @@ class Connection:
         client = getattr(self.websocket, "client", None)  # the peer address, when the server knows it
         self.call_log = CallLog(runtime, self.session_id, "ws", caller=client.host if client else None)
         self.toolbox = runtime.toolbox()
+        if start.end_call is not None:
+            self.toolbox.end_call = start.end_call
         if (start.tools or start.tool_choice) and not await self.update_tools(start.tools or [], start.tool_choice):
             return
         self.session = Session(
             runtime.backends, runtime.pipeline_config(), runtime.clock, self.outbound,
             output_rate=output_rate, system_prompt=instructions or None, on_turn=self.on_turn,
-            tap=self.call_log.recorder, toolbox=self.toolbox,
+            tap=self.call_log.recorder, toolbox=self.toolbox, hang_up=self.hang_up,
         )
         runtime.metrics.sessions.labels("ws").inc()
         await self.outbound.send_json({

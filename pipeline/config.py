@@ -170,3 +170,6 @@ class ToolsConfig(BaseModel):
     max_result_chars: int = Field(4000, ge=100, description="a tool's result is cut to this many characters for the "
                                                            "model")
     max_tools: int = Field(32, ge=1, le=128, description="tools declared in one call, at most")
+    goodbye_grace_ms: int = Field(
+        2000, ge=0, description="after end_call, the call ends once the goodbye is reported played; without "
+        "reports, this long after it surely has")

@@ -139,6 +139,7 @@ class Reply:
     queued_samples: int = 0  # produced but not yet sent (bounded by session.max_playout_s)
     room: asyncio.Event = field(default_factory=asyncio.Event)  # set while queued_samples is under the bound
     played_samples: int | None = None  # what the client says it has played (None: it has not said)
+    offset_samples: int = 0  # the turn's audio sent by earlier replies to it: the client's count includes them
     played_at: float = 0.0  # clock time of that report
     prompt: tuple[ChatMessage, ...] = ()  # what the LLM is asked
     user_text: str = ""  # the caller's words it answers
@@ -161,6 +162,16 @@ class Reply:
     produced: asyncio.Event = field(default_factory=asyncio.Event)  # its generation is over
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # finished or cancelled
     kept_text: str | None = None  # what the history keeps of its words (set when it finishes)
+
+
+@dataclass
+class Goodbye:
+    """The last reply of a call the agent ends: hung up once the client has played `need` samples
+    of the turn's audio (or once it surely has, without reports)."""
+
+    turn_id: int
+    need: int
+    played_samples: int = 0
 
 
 async def _one(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:
@@ -203,11 +214,19 @@ class Session:
         on_turn: Callable[[ResponseDone], Awaitable[None] | None] | None = None,
         tap: AudioTap | None = None,
         toolbox: ToolBox | None = None,
+        hang_up: Callable[[], None] | None = None,
     ) -> None:
+        """`hang_up`: how the transport ends the call (it must return at once and do it in a task
+        of its own); with it, the built-in end_call tool can be offered (tools.end_call)."""
         self.backends = backends
         self.toolbox = toolbox
+        self.hang_up = hang_up
         if toolbox is not None and toolbox.ask_client is None:
             toolbox.ask_client = self._ask_client
+        if toolbox is not None and hang_up is not None:
+            toolbox.on_end_call = self._end_call
+        self.ending_turn: int | None = None  # end_call was called in this turn: hang up after its goodbye
+        self.goodbye: Goodbye | None = None
         self.asked: dict[str, asyncio.Future[str]] = {}  # client tool calls awaiting function_call.output
         self.tool_tasks: set[asyncio.Task[Any]] = set()  # calls and their follow-ups: not stopped by barge-in
         self.answering = 0  # the turn id of the caller's latest turn that got a reply
@@ -442,10 +461,16 @@ class Session:
     def on_played(self, turn_id: int, played_ms: float) -> None:
         """The client's playback clock (native `output_audio.played`, phone marks): how much of the
         turn's reply audio it has played. On barge-in the history keeps those words."""
+        played = int(played_ms * self.output_rate / 1000)
+        turn = self.turns.get(turn_id)
+        if turn is not None:
+            turn.played_samples = max(turn.played_samples, played)
+        if self.goodbye is not None and self.goodbye.turn_id == turn_id:
+            self.goodbye.played_samples = max(self.goodbye.played_samples, played)
         reply = self.reply
         if reply is None or reply.turn.turn_id != turn_id:
             return
-        played = int(played_ms * self.output_rate / 1000)
+        played -= reply.offset_samples
         reply.played_samples = min(reply.ledger.sent_samples(), max(played, reply.played_samples or 0))
         reply.played_at = self.clock.now()
 
@@ -534,7 +559,7 @@ class Session:
             self.answering = turn.turn_id
         self.generation += 1
         reply = Reply(turn, prompt=(*self._prompt(), user) if preemptive else self._prompt(), user_text=text or "",
-                      preemptive=preemptive, step=step, fixed_text=fixed_text)
+                      preemptive=preemptive, step=step, fixed_text=fixed_text, offset_samples=turn.sent_samples)
         if not preemptive:
             reply.confirmed.set()
         self.reply = reply
@@ -714,6 +739,7 @@ class Session:
                     reply.underrun_s += gap
                 placed += len(piece)
                 reply.ledger.add_sent(item.phrase_index, len(piece))
+                reply.turn.sent_samples += len(piece)
                 reply.queued_samples -= len(piece)
                 if reply.queued_samples < bound:
                     reply.room.set()
@@ -771,6 +797,11 @@ class Session:
                  f" ({done.underruns} underruns, {done.underrun_ms:.0f} ms)" if done.underruns else "")
         if send:
             await self.outbound.send_event(done)
+        if (status == "completed" and self.ending_turn == reply.turn.turn_id and reply.step > 1
+                and reply.fixed_text is None and self.hang_up is not None):
+            task = asyncio.create_task(self._hang_up_after(reply))
+            self.tool_tasks.add(task)
+            task.add_done_callback(self.tool_tasks.discard)
         # One record per turn: the reply that answers it (with every call the turn made); a reply
         # that made calls is recorded only if no answer follows (_after_tools), a filler never.
         if reply.runs:
@@ -892,3 +923,26 @@ class Session:
             return False
         future.set_result(output)
         return True
+
+    def _end_call(self) -> None:
+        """The model called end_call: the call ends once this turn's goodbye has been heard."""
+        self.ending_turn = self.answering
+        log.info("turn %d: end_call: hanging up after the goodbye", self.answering)
+
+    async def _hang_up_after(self, reply: Reply) -> None:
+        """Hang up once the goodbye was heard: the client's playback reports (the browser's, a phone
+        line's marks) cover its audio, or, without reports, once it surely has played (it is sent
+        at most session.output_lead_ms ahead of playback) plus tools.goodbye_grace_ms."""
+        assert self.hang_up is not None
+        turn = reply.turn
+        need = reply.offset_samples + reply.ledger.sent_samples()
+        goodbye = Goodbye(turn.turn_id, need, turn.played_samples)
+        self.goodbye = goodbye
+        grace = (self.toolbox.config.goodbye_grace_ms if self.toolbox is not None else 2000) / 1000
+        deadline = self.clock.now() + self.config.session.output_lead_ms / 1000 + grace
+        while goodbye.played_samples < need and self.clock.now() < deadline:
+            await self.clock.sleep(0.05)
+        heard = goodbye.played_samples >= need
+        log.info("turn %d: the goodbye was %s; hanging up", turn.turn_id,
+                 "heard" if heard else "not reported as heard in time")
+        self.hang_up()

@@ -159,7 +159,9 @@ class ToolBox:
         self.client_choice = everything.choice if everything is not None else "auto"
 
     def _all(self) -> tuple[Tool, ...]:
-        return (*self.client_tools, *(t.tool for t in self.server.values()), *((END_CALL,) if self.end_call else ()))
+        """Every tool of the call; end_call only where the transport can hang up."""
+        ending = (END_CALL,) if self.end_call and self.on_end_call is not None else ()
+        return (*self.client_tools, *(t.tool for t in self.server.values()), *ending)
 
     def _all_json(self) -> list[dict[str, Any]]:
         return [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}

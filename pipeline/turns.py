@@ -20,6 +20,8 @@ class Turn:
     dtmf: str | None = None  # the keys pressed, when the turn is a keypad turn
     tool_runs: list[Any] = field(default_factory=list)  # every tool call of the turn (pipeline.tools.ToolRun)
     held_record: Any = None  # a tool-calls reply's ResponseDone, recorded only if no follow-up comes
+    sent_samples: int = 0  # reply audio sent for this turn so far, by every reply to it (a filler, an answer)
+    played_samples: int = 0  # the client's latest report of this turn's audio played (it counts per turn)
 
     def mark(self, name: str, at: float) -> None:
         self.marks.setdefault(name, at)

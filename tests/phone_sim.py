@@ -139,6 +139,7 @@ class PhoneSim:
     clears: list[float] = field(default_factory=list)
     playback_starts: list[float] = field(default_factory=list)
     closed: bool = False
+    closed_at: float | None = None  # time.monotonic() when the socket closed
 
     def __post_init__(self) -> None:
         self._ws: Any = None
@@ -263,6 +264,7 @@ class PhoneSim:
             pass
         finally:
             self.closed = True
+            self.closed_at = time.monotonic()
             self._changed.set()
             for task in self._tasks[1:]:  # the line and the ear stop with the socket
                 task.cancel()

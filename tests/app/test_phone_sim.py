@@ -29,13 +29,14 @@ LOUD = np.full(8000 * 3 // 5, 12000, dtype=np.int16)  # 0.6 s the fake VAD takes
 
 
 @contextlib.asynccontextmanager
-async def served(llm: FakeLLM, finals: list[str]) -> AsyncIterator[str]:
-    settings = Settings(
+async def served(llm: FakeLLM, finals: list[str], **more: object) -> AsyncIterator[str]:
+    settings = Settings(  # type: ignore[arg-type]
         twilio=TwilioConfig(auth_token=TOKEN, public_url=PUBLIC),
         endpointing=EndpointingConfig(min_speech_ms=64, end_silence_ms=256, prefix_padding_ms=100),
         asr_stage=AsrStageConfig(partials=False),
         session=SessionConfig(output_chunk_ms=20, dtmf_timeout_ms=300),
         phone=PhoneConfig(mark_interval_ms=200),
+        **more,
     )
     app = create_app(settings, backends=Backends(FakeVad(), FakeRecognizer(finals), FakeSynthesizer(), llm))
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
@@ -100,3 +101,23 @@ async def test_a_barge_in_clears_the_line_and_the_unplayed_marks_come_back_unpla
     kept = llm.requests[1][2].content
     assert STORY.startswith(kept)
     assert abs(len(kept.split()) - played_ms / 100) <= 1.5, (kept, played_ms)
+
+
+async def test_end_call_ends_the_phone_call_after_the_goodbyes_mark() -> None:
+    """The model calls the built-in end_call (tools.end_call): its goodbye is spoken, and the server
+    closes the media stream (which ends Twilio's <Connect>) once the goodbye's last mark came back
+    played, not before."""
+    from app.settings import ToolsConfig
+    from models.tool_calls import ToolCall
+
+    llm = FakeLLM([[ToolCall("call_end", "end_call", "{}")], "Goodbye, and thank you for calling."])
+    settings = dict(tools=ToolsConfig(end_call=True, goodbye_grace_ms=10000))
+    async with served(llm, ["That is all. Bye!"], **settings) as host:
+        sim = await dial(f"http://{host}", f"ws://{host}", PUBLIC, TOKEN)
+        await sim.say(LOUD)
+        await sim.wait_until(lambda: sim.closed, 20)
+    assert llm.tools_seen[0] is not None and "end_call" in [t.name for t in llm.tools_seen[0].tools]
+    assert sim.close_code == 1000
+    assert sim.marks and sim.marks[-1].played  # the goodbye's end was played...
+    assert sim.closed_at is not None and sim.closed_at >= sim.marks[-1].at  # ...before the line closed
+    assert len(sim.played_audio()) == 8 * 100 * 6  # the goodbye, whole: 0.1 s a word from the fake voice

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from aiohttp import web
 
@@ -92,6 +93,13 @@ async def test_a_spoken_booking_reaches_the_http_tool_and_the_answer_comes_from_
     assert answer["status"] == "completed" and answer["tool_calls"][0]["output"]
     assert "tool_dispatched" in answer["latency_ms"] and "answer_first_audio_sent" in answer["latency_ms"]
     assert client.audio_between(0)  # spoken, not only written
+    for _ in range(50):  # the turn's record (and its metrics) follows its response.done
+        metrics = httpx.get(tool_server.base_url + "/metrics", timeout=5).text
+        if 'voice_agent_tool_call_seconds_count{tool="book_table"} 1.0' in metrics:
+            break
+        await asyncio.sleep(0.1)
+    assert 'voice_agent_tool_call_seconds_count{tool="book_table"} 1.0' in metrics
+    assert 'voice_agent_tool_call_errors_total{tool="book_table"}' not in metrics
 
 
 async def test_a_clients_own_tool_is_asked_over_the_socket(tool_server: Server, tmp_path: Path) -> None:

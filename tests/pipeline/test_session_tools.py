@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 
 import httpx
@@ -16,7 +17,7 @@ from models.tool_calls import Tool, ToolCall
 from pipeline.config import ToolsConfig
 from pipeline.events import FunctionCallRequest, ResponseDone
 from pipeline.tools import HttpTool, ToolBox
-from tests.pipeline.fakes import FakeLLM, RecordingOutbound
+from tests.pipeline.fakes import DistantClock, FakeLLM, RecordingOutbound
 from tests.pipeline.test_session import done_events, make_session, speak
 
 LOOKUP = {"type": "function", "name": "order_status", "description": "Look up an order.",
@@ -255,3 +256,48 @@ async def test_an_http_tool_that_hangs_times_out(tool_server: tuple[str, list[di
         await task
     assert "did not answer within 0.3 s" in json.loads(session.history[3].content)["error"]
     assert isinstance(done_events(out)[1], ResponseDone) and done_events(out)[1].status == "completed"
+
+
+def end_call_session(grace_ms: int) -> tuple[object, RecordingOutbound, list[float]]:
+    llm = FakeLLM([[ToolCall("call_end", "end_call", "{}")], "Goodbye, and have a nice day!"])
+    session, out = make_session(llm, ["That is all, thank you. Bye!"])
+    hung: list[float] = []
+    session.hang_up = lambda: hung.append(time.monotonic())
+    box = ToolBox(ToolsConfig(end_call=True, goodbye_grace_ms=grace_ms), session.clock, [], None)
+    box.on_end_call = session._end_call
+    session.toolbox = box
+    return session, out, hung
+
+
+async def test_end_call_hangs_up_once_the_goodbye_is_reported_played() -> None:
+    session, out, hung = end_call_session(grace_ms=5000)
+    assert any(t.name == "end_call" for t in session.toolbox.tools(1).tools)  # type: ignore[attr-defined]
+    task = asyncio.create_task(session.run())  # type: ignore[attr-defined]
+    await turn(session, out, 2)
+    goodbye = done_events(out)[1]
+    assert goodbye.text == "Goodbye, and have a nice day!"
+    await asyncio.sleep(0.3)
+    assert hung == []  # not before it was heard
+    reported = time.monotonic()
+    played_ms = sum(len(a) for a in out.audio) / 2 / 8000 * 1000
+    session.on_played(goodbye.turn_id, played_ms)  # type: ignore[attr-defined]
+    await until(lambda: hung)
+    assert hung[0] - reported < 1.0  # at the report, not at the grace's end
+    await session.audio_in.put(None)  # type: ignore[attr-defined]
+    await task
+
+
+async def test_end_call_without_playback_reports_hangs_up_after_the_grace() -> None:
+    session, out, hung = end_call_session(grace_ms=300)
+    task = asyncio.create_task(session.run())  # type: ignore[attr-defined]
+    await turn(session, out, 2)
+    done_at = time.monotonic()
+    await until(lambda: hung)
+    assert 0.2 <= hung[0] - done_at < 3.0
+    await session.audio_in.put(None)  # type: ignore[attr-defined]
+    await task
+
+
+async def test_end_call_is_not_offered_where_the_transport_cannot_hang_up() -> None:
+    box = ToolBox(ToolsConfig(end_call=True), DistantClock(), [], None)
+    assert box.tools(1) is None
