@@ -534,3 +534,45 @@ async def test_a_server_that_asks_for_a_long_wait_is_not_retried() -> None:
         await llm.aclose()
     assert caught.value.retry_after == 30 and len(fake.posts()) == 1
     assert time.monotonic() - started < 1.0  # the caller hears the apology now, not in 30 s
+
+
+async def test_tools_are_sent_and_streamed_tool_call_deltas_become_whole_calls() -> None:
+    """vLLM's shape (--enable-auto-tool-choice --tool-call-parser hermes): the id and name come first,
+    the arguments in pieces, two calls by index; the reply finishes with "tool_calls"."""
+    from models.protocols import ToolCallOutput
+    from models.tool_calls import ToolCall, parse_tools
+
+    def call_delta(index: int, **function: str) -> bytes:
+        piece: dict[str, Any] = {"index": index, "function": function}
+        if "name" in function:
+            piece |= {"id": f"chatcmpl-tool-{index}", "type": "function"}
+        return event({"choices": [{"index": 0, "delta": {"tool_calls": [piece]}, "finish_reason": None}]})
+
+    async def script(ex: Exchange, n: int) -> None:
+        await ex.send(SSE_HEAD, delta(role=True), call_delta(0, name="order_status", arguments=""),
+                      call_delta(0, arguments='{"order_'), call_delta(0, arguments='number": "4512"}'),
+                      call_delta(1, name="order_status", arguments='{"order_number": "7"}'),
+                      event({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}), DONE)
+
+    tools = parse_tools([{"type": "function", "name": "order_status", "parameters": {
+        "type": "object", "properties": {"order_number": {"type": "string"}}, "required": ["order_number"]}}],
+        {"type": "function", "name": "order_status"}, parallel=True)
+    fake = FakeLLMServer(script)
+    async with fake.running():
+        llm = make_llm(fake.base_url)
+        history = [ChatMessage("user", "Where are 4512 and 7?"),
+                   ChatMessage("assistant", "", (ToolCall("c0", "order_status", '{"order_number": "1"}'),)),
+                   ChatMessage("tool", '{"status": "lost"}', tool_call_id="c0")]
+        outputs = [o async for o in llm.conversation().stream(history, GREEDY, tools)]
+        await llm.aclose()
+    calls = [o.call for o in outputs if isinstance(o, ToolCallOutput)]
+    assert [(c.call_id, c.name, c.arguments) for c in calls] == [
+        ("chatcmpl-tool-0", "order_status", '{"order_number": "4512"}'),
+        ("chatcmpl-tool-1", "order_status", '{"order_number": "7"}')]
+    assert outputs[-1].stats.finish_reason == "tool_calls"  # type: ignore[union-attr]
+    body = fake.exchanges[-1].json()
+    assert body["tools"][0]["function"]["name"] == "order_status" and body["parallel_tool_calls"] is True
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "order_status"}}
+    assert body["messages"][1]["tool_calls"][0]["function"] == {"name": "order_status",
+                                                                "arguments": '{"order_number": "1"}'}
+    assert body["messages"][2] == {"role": "tool", "content": '{"status": "lost"}', "tool_call_id": "c0"}
