@@ -46,6 +46,7 @@ class CallLog:
             heard_text=done.text, latency_ms=dict(done.latency_ms), voice_to_voice_ms=done.voice_to_voice_ms,
             spec=spec_from_stats(done.stats), error=done.error, barge_in=done.status == "interrupted",
             dtmf=done.dtmf, deadline_missed=done.deadline_missed, underruns=done.underruns,
+            tool_calls=[dict(call) for call in done.tool_calls],
         )
         if self.store is not None:
             self.store.turn_ended(self.call.id, record)

@@ -96,6 +96,9 @@ class TurnRecord:
     dtmf: str | None = None  # keys pressed during the turn
     deadline_missed: bool = False
     underruns: int = 0
+    # the turn's tool calls: name, arguments, who ran it, output or error, times in ms since speech_end,
+    # whether the caller heard the filler (pipeline.tools.ToolRun.as_dict)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
     def v2v_ms(self) -> float | None:
         """The turn's voice-to-voice figure for summaries: the true one where known, else the time from

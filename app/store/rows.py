@@ -34,7 +34,7 @@ def turn_row(call_id: str, turn: TurnRecord) -> Turn:
         generated_text=turn.generated_text, sent_text=turn.sent_text, heard_text=turn.heard_text,
         status=turn.status, latency_ms=dict(turn.latency_ms), voice_to_voice_ms=turn.voice_to_voice_ms,
         spec=turn.spec, error=turn.error, barge_in=turn.barge_in, dtmf=turn.dtmf,
-        deadline_missed=turn.deadline_missed, underruns=turn.underruns)
+        deadline_missed=turn.deadline_missed, underruns=turn.underruns, tool_calls=turn.tool_calls or None)
 
 
 def turn_record(row: Turn) -> TurnRecord:
@@ -43,7 +43,7 @@ def turn_record(row: Turn) -> TurnRecord:
         generated_text=row.generated_text, sent_text=row.sent_text, heard_text=row.heard_text,
         latency_ms=dict(row.latency_ms or {}), voice_to_voice_ms=row.voice_to_voice_ms, spec=row.spec,
         error=row.error, barge_in=row.barge_in, dtmf=row.dtmf, deadline_missed=row.deadline_missed,
-        underruns=row.underruns)
+        underruns=row.underruns, tool_calls=list(row.tool_calls or []))
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ def turn_json(turn: TurnRecord) -> dict[str, Any]:
         "dtmf": turn.dtmf,
         "deadline_missed": turn.deadline_missed,
         "underruns": turn.underruns,
+        "tool_calls": turn.tool_calls,
     }
 
 
@@ -70,7 +71,7 @@ CALL_COLUMNS = ("call_id", "transport", "started_at", "ended_at", "duration_s", 
                 "has_recording", "settings")
 TURN_COLUMNS = ("turn_id", "at", "offset_s", "user_text", "generated_text", "sent_text", "heard_text", "turn_status",
                 *(f"{mark}_ms" for mark in MARKS), "voice_to_voice_ms", *(f"spec_{name}" for name in SPEC_FIELDS),
-                "error", "barge_in", "dtmf", "deadline_missed", "underruns")
+                "error", "barge_in", "dtmf", "deadline_missed", "underruns", "tool_calls")
 CSV_COLUMNS = CALL_COLUMNS + TURN_COLUMNS
 
 
@@ -91,7 +92,7 @@ def csv_rows(call: CallRecord, turns: list[TurnRecord]) -> list[list[Any]]:
             *head, turn.turn_id, data["at"], data["offset_s"], turn.user_text, turn.generated_text, turn.sent_text,
             turn.heard_text, turn.status, *(turn.latency_ms.get(mark) for mark in MARKS), turn.voice_to_voice_ms,
             *(_cell(spec.get(name)) for name in SPEC_FIELDS), turn.error, turn.barge_in, turn.dtmf,
-            turn.deadline_missed, turn.underruns])
+            turn.deadline_missed, turn.underruns, _cell(turn.tool_calls) if turn.tool_calls else None])
     return rows
 
 

@@ -82,5 +82,6 @@ class Turn(Base):
     dtmf: Mapped[str | None] = mapped_column(String(200))
     deadline_missed: Mapped[bool] = mapped_column(default=False)
     underruns: Mapped[int] = mapped_column(Integer, default=0)
+    tool_calls: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
 
     __table_args__ = (Index("ix_turns_at", "at"),)

@@ -134,7 +134,15 @@ def background(k: int) -> SeedCall:
 
 
 NAMED = SEED  # the calls the tests look at one by one
-SEED = sorted([*NAMED, *(background(k) for k in range(15))], key=lambda c: c.minutes_ago)  # newest first
+# a turn that made a tool call: the reply's first audio is the answer from its result
+TOOLS = SeedCall("qa-tools", "ws", 33, turns=[
+    turn(1, 2.0, {**marks(0, 90.0, 900.0, 960.0, 1020.0, 1024.0), "tool_dispatched": 310.0, "tools_done": 610.0,
+                  "answer_first_audio_sent": 1024.0}, 1230.0, user="Where is my order 4512?",
+         generated="It shipped on Monday.",
+         tool_calls=[{"call_id": "call_1", "name": "order_status", "arguments": '{"order_number": "4512"}',
+                      "runs_on": "server", "output": '{"status": "shipped Monday"}', "error": None,
+                      "dispatched_ms": 310.0, "finished_ms": 610.0, "duration_ms": 300.0, "filler_heard": None}])])
+SEED = sorted([*NAMED, TOOLS, *(background(k) for k in range(15))], key=lambda c: c.minutes_ago)  # newest first
 
 
 def expected_segments(turn: TurnRecord) -> dict[str, float | None]:
@@ -404,6 +412,18 @@ def read_waterfall(browser: Any) -> dict[str, Any]:
                 indexAxis: chart.options.indexAxis,
                 rows: [...document.querySelectorAll('#turns tbody tr')].map(
                   (tr) => JSON.parse(tr.dataset.stageMs))};"""))
+
+
+def test_a_tool_call_is_a_bar_of_its_own_under_its_turn(app: App, browser: Any) -> None:
+    body = app.api.get(f"/api/calls/{TOOLS.id}").json()
+    assert body["turns"][0]["tool_calls"][0]["name"] == "order_status"
+    open_page(browser, f"{app.base_url}/qa/calls/{TOOLS.id}")
+    drawn = read_waterfall(browser)
+    assert drawn["labels"] == ["turn 1", "  ↳ order_status"]
+    by_key = {d["key"]: d["data"] for d in drawn["datasets"]}
+    assert by_key["tool_wait"] == [None, 310.0] and by_key["tool_call"] == [None, 300.0]
+    assert all(by_key[key][1] is None for key in STAGE_KEYS)  # the call's row has only the call
+    assert by_key["first_audio"][0] is not None  # the turn's row is as before
 
 
 @pytest.mark.parametrize("call", NAMED, ids=lambda c: c.id)

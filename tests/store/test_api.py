@@ -26,7 +26,8 @@ from tests.store.helpers import T0, call, storage, turn
 CALL_KEYS = {"id", "transport", "started_at", "ended_at", "duration_s", "end_reason", "status", "fingerprint",
              "settings", "caller", "turns", "interruptions", "errors", "v2v_median_ms", "v2v_max_ms", "has_recording"}
 TURN_KEYS = {"turn_id", "at", "offset_s", "user_text", "generated_text", "sent_text", "heard_text", "status",
-             "latency_ms", "voice_to_voice_ms", "spec", "error", "barge_in", "dtmf", "deadline_missed", "underruns"}
+             "latency_ms", "voice_to_voice_ms", "spec", "error", "barge_in", "dtmf", "deadline_missed", "underruns",
+             "tool_calls"}
 SPEC_KEYS = {"method", "drafts", "draft_tokens", "accepted_tokens", "accepted_per_position", "k_chosen",
              "tokens_per_second", "acceptance_rate", "completion_tokens", "time_to_first_token_ms"}
 

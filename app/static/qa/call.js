@@ -79,15 +79,30 @@ function seek(seconds) {
   player.currentTime = seconds;
 }
 
-// One horizontal stacked bar per turn, a segment per stage (Chart.js).
+// One horizontal stacked bar per turn, a segment per stage (Chart.js); under a turn that made tool
+// calls, a bar per call, from its dispatch to its result (ms from the caller's end of speech).
 function renderWaterfall(turns, segments) {
   const box = document.getElementById("waterfall-box");
-  box.style.height = `${90 + 34 * Math.max(1, turns.length)}px`;
-  const labels = turns.map((turn) => `turn ${turn.turn_id}`);
+  const rows = [];
+  turns.forEach((turn, i) => {
+    rows.push({label: `turn ${turn.turn_id}`, turn, segment: segments[i]});
+    for (const call of turn.tool_calls || []) rows.push({label: `  ↳ ${call.name}`, turn, call});
+  });
+  box.style.height = `${90 + 34 * Math.max(1, rows.length)}px`;
+  const labels = rows.map((row) => row.label);
   const datasets = STAGES.map((stage) => ({
     label: stage.label, key: stage.key, backgroundColor: stage.color, borderWidth: 0, barPercentage: 0.8,
-    data: segments.map((segment) => segment[stage.key]),
+    data: rows.map((row) => (row.segment ? row.segment[stage.key] : null)),
   }));
+  if (rows.some((row) => row.call)) {
+    // an invisible segment up to the dispatch, then the call itself
+    datasets.push(
+      {label: "", key: "tool_wait", backgroundColor: "rgba(0,0,0,0)", borderWidth: 0, barPercentage: 0.8,
+       data: rows.map((row) => (row.call ? Math.max(0, row.call.dispatched_ms ?? 0) : null))},
+      {label: "tool call", key: "tool_call", backgroundColor: "#7f8c8d", borderWidth: 0, barPercentage: 0.8,
+       data: rows.map((row) => (row.call ? row.call.duration_ms : null))},
+    );
+  }
   page.waterfall = new Chart(document.getElementById("waterfall"), {
     type: "bar",
     data: {labels, datasets},
@@ -98,15 +113,24 @@ function renderWaterfall(turns, segments) {
         y: {stacked: true},
       },
       plugins: {
-        legend: {position: "top", labels: {boxWidth: 12}},
-        tooltip: {callbacks: {
-          label: (item) => `${item.dataset.label}: ${formatMs(item.raw)} ms`,
-          footer: (items) => {
-            const turn = turns[items[0].dataIndex];
-            return turn.voice_to_voice_ms === null ? "voice-to-voice unknown"
-              : `voice-to-voice: ${formatMs(turn.voice_to_voice_ms)} ms`;
+        legend: {position: "top", labels: {boxWidth: 12, filter: (item) => item.text !== ""}},
+        tooltip: {
+          filter: (item) => item.dataset.key !== "tool_wait",
+          callbacks: {
+            label: (item) => `${item.dataset.label}: ${formatMs(item.raw)} ms`,
+            footer: (items) => {
+              const row = rows[items[0].dataIndex];
+              if (row.call) {
+                const heard = row.call.filler_heard === null ? "" : row.call.filler_heard ? "; filler heard"
+                  : "; filler not heard";
+                return `${row.call.name}(${row.call.arguments}) → ${row.call.error || row.call.output}` +
+                  ` (${row.call.runs_on}${heard})`;
+              }
+              return row.turn.voice_to_voice_ms === null ? "voice-to-voice unknown"
+                : `voice-to-voice: ${formatMs(row.turn.voice_to_voice_ms)} ms`;
+            },
           },
-        }},
+        },
       },
     },
   });
