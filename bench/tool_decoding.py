@@ -203,15 +203,21 @@ def sampled(args: argparse.Namespace) -> None:
                 failures.append(f"#{i} {call.name}: {exc}")
         if (i + 1) % 50 == 0:
             print(f"  {i + 1}/{args.sampled} ({time.perf_counter() - started:.0f} s): {counts}", flush=True)
+            if args.json:  # so far, in case the run is stopped
+                write_sampled(args, lm.precision, counts, failures)
     print(f"\n{args.target} ({lm.precision}), temperature 1.0, top_k 0, top_p 1.0, max {args.max_tokens} tokens, "
           f"plain and n-gram in turn: {counts}")
     for failure in failures[:20]:
         print("  ", failure)
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "cpu": cpu.describe(),
-            "threads": args.threads, "model": args.target, "precision": lm.precision, "counts": counts,
-            "failures": failures}, indent=1))
+        write_sampled(args, lm.precision, counts, failures)
+
+
+def write_sampled(args: argparse.Namespace, precision: str, counts: dict[str, int], failures: list[str]) -> None:
+    Path(args.json).write_text(json.dumps({
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "cpu": cpu.describe(),
+        "threads": args.threads, "model": args.target, "precision": precision, "max_tokens": args.max_tokens,
+        "asked": args.sampled, "counts": counts, "failures": failures}, indent=1))
 
 
 if __name__ == "__main__":

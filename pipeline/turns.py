@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-MARKS = ("speech_end", "asr_final", "llm_first_token", "first_phrase", "tts_first_audio", "first_audio_sent",
-         "tool_dispatched", "tools_done", "answer_first_audio_sent")
+MARKS = ("speech_end", "asr_final", "llm_first_token", "first_phrase", "tts_first_audio", "first_audio_sent")
+# a turn that made tool calls also has these (its first call sent, every result in, the answer's first audio)
+TOOL_MARKS = ("tool_dispatched", "tools_done", "answer_first_audio_sent")
 
 
 @dataclass
@@ -30,7 +31,8 @@ class Turn:
         end = self.marks.get("speech_end")
         if end is None:
             return {}
-        return {name: round((self.marks[name] - end) * 1000, 1) for name in MARKS if name in self.marks}
+        return {name: round((self.marks[name] - end) * 1000, 1) for name in (*MARKS, *TOOL_MARKS)
+                if name in self.marks}
 
     def voice_to_voice_ms(self) -> float | None:
         sent = self.marks.get("first_audio_sent")
