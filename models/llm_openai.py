@@ -82,10 +82,12 @@ class OpenAIChatLLM:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
 
-    def warm_up(self, system_prompt: str | None = None) -> None:
+    def warm_up(self, system_prompt: str | None = None, tools: Tools | None = None,
+                tools_prompt: str | None = None) -> None:
         """Blocking (start-up, off the event loop): ask the server which models it serves, to learn
         the model name when llm.remote_model is empty. A server that is down only logs a warning:
-        the service starts anyway and each turn tries again."""
+        the service starts anyway and each turn tries again. (The prompts are the server's to cache:
+        vLLM's prefix cache keeps them after the first call.)"""
         try:
             with httpx.Client(base_url=self.base_url, timeout=self._timeout(), headers=self._headers()) as client:
                 served = self._served_models(client.get("/models"))
