@@ -126,7 +126,7 @@ class Runtime:
 
         def work() -> None:
             try:
-                backends = load_backends(self.settings, self.clock, self._say)
+                backends = load_backends(self.settings, self.clock, self._say, self.server_tools)
             except BaseException as exc:  # reported through the future, never lost
                 loop.call_soon_threadsafe(_set_exception, done, exc)
             else:
@@ -228,8 +228,10 @@ def _set_exception(fut: asyncio.Future[Backends], exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
-def load_backends(settings: Settings, clock: Clock, say: object = print) -> Backends:
-    """Blocking: load the four engines and warm each one up so the first caller does not wait."""
+def load_backends(settings: Settings, clock: Clock, say: object = print,
+                  server_tools: list[HttpTool] | None = None) -> Backends:
+    """Blocking: load the four engines and warm each one up so the first caller does not wait. The LLM's
+    warm-up pins the prompt of the server's tools (`server_tools`, as read from tools.file)."""
     report = say if callable(say) else print
     report("loading VAD")
     vad = registry.load_vad(settings.vad)
@@ -248,9 +250,8 @@ def load_backends(settings: Settings, clock: Clock, say: object = print) -> Back
                             api_sequences=settings.server.max_api_requests)
     warm_up = getattr(llm, "warm_up", None)
     if callable(warm_up):
-        server_tools = ToolBox(settings.tools, clock, load_tools_file(settings.tools.file), None).tools(1) \
-            if settings.tools.file else None
-        warm_up(settings.session.system_prompt, server_tools, settings.session.tools_prompt)
+        offered = ToolBox(settings.tools, clock, server_tools, None).tools(1) if server_tools else None
+        warm_up(settings.session.system_prompt, offered, settings.session.tools_prompt)
     return Backends(vad=vad, asr=asr, tts=tts, llm=llm, turn=_load_turn(settings, llm.weighs_words, report))
 
 
