@@ -55,6 +55,7 @@ class ToolVocab:
     stop_ids: frozenset[int]
     structure_ids: np.ndarray  # tokens that start with "{" or "`" after spaces: a call meant
     brace_ids: np.ndarray  # those that start with "{"
+    markup_ids: np.ndarray  # those that start with "<" or ">": tag soup ("<tools></tools>"), never spoken words
 
 
 _vocabs: weakref.WeakKeyDictionary[object, ToolVocab] = weakref.WeakKeyDictionary()
@@ -72,8 +73,11 @@ def tool_vocab(lm: CausalLM) -> ToolVocab | None:
         texts = tuple(lm.token_bytes())
         structure = np.array([i for i, t in enumerate(texts) if t.lstrip()[:1] in (b"{", b"`")], dtype=np.int64)
         braces = np.array([i for i, t in enumerate(texts) if t.lstrip()[:1] == b"{"], dtype=np.int64)
+        specials = {open_id, close_id, *lm.stop_ids}  # their texts may be spelt out ("<tool_call>")
+        markup = np.array([i for i, t in enumerate(texts) if t.lstrip()[:1] in (b"<", b">") and i not in specials],
+                          dtype=np.int64)
         known = ToolVocab(texts, open_id, close_id, newline[0], end if end in lm.stop_ids else min(lm.stop_ids),
-                          lm.stop_ids, structure, braces)
+                          lm.stop_ids, structure, braces, markup)
         _vocabs[lm] = known
     return known
 
@@ -83,6 +87,7 @@ class GuideState:
     mode: str  # "text", "call", "after" (a call ended), "next" (after its newline: another call, or the end)
     nfa: State | None = None
     calls: int = 0
+    began: bool = False  # text mode: the reply has said something (before that it may not end: never silence)
 
 
 class ToolGuide:
@@ -98,6 +103,7 @@ class ToolGuide:
         self.candidates = max(1, candidates)
         self.jump_forward = jump_forward
         self._structure = set(vocab.structure_ids.tolist())
+        self._markup = set(vocab.markup_ids.tolist())
 
     def start(self) -> GuideState:
         return GuideState("text")
@@ -115,9 +121,15 @@ class ToolGuide:
     def _advance(self, state: GuideState, token: int) -> GuideState | None:
         v = self.vocab
         if state.mode == "text":
-            if token == v.close_id or token in self._structure or (token == v.open_id and not self.callable):
+            if (token == v.close_id or token in self._structure or token in self._markup
+                    or (token == v.open_id and not self.callable)
+                    or (token in v.stop_ids and not state.began)):
                 return None
-            return GuideState("call", self.nfa.start(), state.calls) if token == v.open_id else state
+            if token == v.open_id:
+                return GuideState("call", self.nfa.start(), state.calls)
+            if state.began or not v.texts[token].strip():
+                return state
+            return GuideState("text", None, state.calls, began=True)
         if state.mode == "call":
             assert state.nfa is not None
             if token == v.close_id:
@@ -189,6 +201,9 @@ class ToolGuide:
             v = self.vocab
             out = logits.copy()
             out[v.close_id] = _NEG
+            out[v.markup_ids] = _NEG  # a model that imitates its tools prompt's tags speaks words instead
+            if not state.began:  # ... and does not end the reply in silence where its tags were
+                out[list(v.stop_ids)] = _NEG
             if not self.callable:  # tool_choice "none": no call, and no structure in a spoken reply
                 out[v.structure_ids] = _NEG
                 out[v.open_id] = _NEG

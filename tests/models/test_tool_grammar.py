@@ -235,3 +235,27 @@ def test_jump_forward_writes_the_same_tokens_in_fewer_model_steps() -> None:
         outputs[jump] = (loop.produced, lm.passes)
     (slow, slow_passes), (fast, fast_passes) = outputs[False], outputs[True]
     assert slow == fast and fast_passes < slow_passes
+
+
+@pytest.mark.parametrize("choice", ["auto", "none"])
+def test_tag_soup_is_never_spoken(choice: str) -> None:
+    """A model that imitates its tools prompt writes "<tools></tools>" or ">{...}" as its reply: tokens
+    that start with "<" or ">" are ruled out of spoken text, so it says words instead."""
+    lm = FakeByteLM(bias={"<": 8.0, ">": 8.0})
+    tools = parse_tools(TOOLS, choice)
+    assert tools is not None
+    guide = ToolGuide(lm, tools, 1)  # type: ignore[arg-type]
+    masked = guide.mask(guide.start(), lm._logits([lm.index["a"]]))
+    assert masked[lm.index["<"]] == float("-inf") and masked[lm.index[">"]] == float("-inf")
+    assert guide.advance(guide.start(), lm.index["<"]) is None
+    text, _, _, _ = generate(lm, tools, SamplingParams(temperature=0, max_tokens=60))
+    assert "<" not in text and ">" not in text
+
+
+def test_a_reply_does_not_end_before_it_said_something() -> None:
+    lm = FakeByteLM(bias={"<|im_end|>": 12.0})
+    tools = parse_tools(TOOLS, "auto")
+    assert tools is not None
+    text, calls, _, stats = generate(lm, tools, SamplingParams(temperature=0, max_tokens=60))
+    assert text.strip() and not calls
+    assert stats.finish_reason == "stop"  # it ends as soon as it has said a word
