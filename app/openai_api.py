@@ -173,8 +173,15 @@ def _call_out(call: ToolCall) -> dict[str, Any]:
 @router.get("/v1/models")
 async def list_models(request: Request) -> dict[str, Any]:
     runtime: Runtime = request.app.state.runtime
-    model = {"id": runtime.settings.llm.model, "object": "model", "owned_by": "voice-agent"}
-    return {"object": "list", "data": [model]}
+    return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "voice-agent"}
+                                       for name in _served(runtime)]}
+
+
+def _served(runtime: Runtime) -> list[str]:
+    """The models this server answers with: llm.model, and llm.tools_model where it is loaded apart."""
+    llm = runtime.settings.llm
+    apart = runtime.backends is not None and runtime.backends.tools_llm is not None
+    return [llm.model, llm.tools_model] if apart else [llm.model]
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -189,13 +196,23 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         return _error(400, f"the body is not JSON: {exc}", "invalid_request_error", "invalid_json")
     if not runtime.ready.is_set() or runtime.backends is None:
         return _error(503, f"models are not loaded yet ({runtime.status})", "server_error", "not_ready")
-    served = runtime.settings.llm.model
-    if body.model not in (None, "", served):
-        return _error(404, f"model {body.model!r} is not served here; this server serves {served!r}",
-                      "invalid_request_error", "model_not_found")
+    served = _served(runtime)
+    if body.model not in (None, "", *served):
+        return _error(404, f"model {body.model!r} is not served here; this server serves "
+                           f"{' and '.join(repr(m) for m in served)}", "invalid_request_error", "model_not_found")
     if body.n != 1:
         return _error(400, "only n=1 is supported", "invalid_request_error", "unsupported_n")
-    methods = getattr(getattr(runtime.backends.llm, "strategy", None), "methods", ("off",))
+    try:
+        messages = [m.message(i) for i, m in enumerate(body.messages)]
+        tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+    except (ValueError, ConfigError) as exc:
+        return _error(400, str(exc), "invalid_request_error", "invalid_tools" if isinstance(exc, ConfigError)
+                      else "invalid_request")
+    # a request that names a model gets it; one that does not gets the model of its kind (with tools or not)
+    with_tools = body.model == runtime.settings.llm.tools_model or (not body.model and tools is not None)
+    engine = runtime.backends.llm_for(with_tools)
+    answering = served[-1] if with_tools else served[0]
+    methods = getattr(getattr(engine, "strategy", None), "methods", ("off",))
     if body.speculative and body.speculative.method not in methods:
         return _error(400, f"speculative method {body.speculative.method!r} is not available here "
                            f"(available: {', '.join(methods)}); the draft_model method needs "
@@ -222,12 +239,6 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         seed=body.seed,
         speculation=Speculation(body.speculative.method, None if k == "auto" else k) if body.speculative else None,
     )
-    try:
-        messages = [m.message(i) for i, m in enumerate(body.messages)]
-        tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
-    except (ValueError, ConfigError) as exc:
-        return _error(400, str(exc), "invalid_request_error", "invalid_tools" if isinstance(exc, ConfigError)
-                      else "invalid_request")
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     completion_id = "chatcmpl-" + uuid.uuid4().hex[:24]
     created = int(time.time())
@@ -238,7 +249,7 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         # response, or finalized by the event loop when a client vanished before the body started.
         runtime.api_requests += 1
         # bounded apart from the calls': a /v1 prompt never takes the cache a call needs
-        conversation = runtime.backends.llm.conversation(llm_cfg.api_context_tokens)  # type: ignore[union-attr]
+        conversation = engine.conversation(llm_cfg.api_context_tokens)
         matcher = StopMatcher(stops)
         try:
             stream = conversation.stream(messages, params, tools)
@@ -292,7 +303,7 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         if calls:
             message["tool_calls"] = calls
         return JSONResponse({
-            "id": completion_id, "object": "chat.completion", "created": created, "model": served,
+            "id": completion_id, "object": "chat.completion", "created": created, "model": answering,
             "choices": [{"index": 0, "message": message, "finish_reason": stats.finish_reason}],
             "usage": usage(stats),
         })
@@ -301,7 +312,7 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
 
     def chunk(delta: dict[str, Any], finish: str | None = None, stats: GenerationStats | None = None) -> str:
         data: dict[str, Any] = {
-            "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": served,
+            "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": answering,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
         }
         if stats is not None and include_usage:

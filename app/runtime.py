@@ -210,6 +210,8 @@ class Runtime:
             await self.vllm_metrics.stop()
         if self.backends is not None:
             await self.backends.llm.aclose()
+            if self.backends.tools_llm is not None:
+                await self.backends.tools_llm.aclose()
             for worker in (self.backends.vad_worker, self.backends.turn_worker, self.backends.asr_worker,
                            self.backends.tts_worker):
                 worker.shutdown()
@@ -248,11 +250,19 @@ def load_backends(settings: Settings, clock: Clock, say: object = print,
     report(f"loading LLM ({llm_cfg.engine}, {where})")
     llm = registry.load_llm(llm_cfg, clock, sequences=settings.server.max_sessions,
                             api_sequences=settings.server.max_api_requests)
-    warm_up = getattr(llm, "warm_up", None)
-    if callable(warm_up):
-        offered = ToolBox(settings.tools, clock, server_tools, None).tools(1) if server_tools else None
-        warm_up(settings.session.system_prompt, offered, settings.session.tools_prompt)
-    return Backends(vad=vad, asr=asr, tts=tts, llm=llm, turn=_load_turn(settings, llm.weighs_words, report))
+    tools_llm = None
+    if llm_cfg.engine == "embedded" and llm_cfg.tools_model and llm_cfg.tools_model != llm_cfg.model:
+        report(f"loading the LLM of calls with tools ({llm_cfg.tools_model}; llm.tools_model)")
+        tools_llm = registry.load_llm(llm_cfg.model_copy(update={"model": llm_cfg.tools_model}), clock,
+                                      sequences=settings.server.max_sessions,
+                                      api_sequences=settings.server.max_api_requests)
+    offered = ToolBox(settings.tools, clock, server_tools, None).tools(1) if server_tools else None
+    for engine, tools in ((llm, offered if tools_llm is None else None), (tools_llm, offered)):
+        warm_up = getattr(engine, "warm_up", None)
+        if callable(warm_up):
+            warm_up(settings.session.system_prompt, tools, settings.session.tools_prompt)
+    return Backends(vad=vad, asr=asr, tts=tts, llm=llm, turn=_load_turn(settings, llm.weighs_words, report),
+                    tools_llm=tools_llm)
 
 
 def _load_turn(settings: Settings, llm_weighs_words: bool, report: Callable[[str], object]) -> TurnDetector | None:

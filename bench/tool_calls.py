@@ -44,6 +44,7 @@ from bench.turn_set import pick_voices
 from bench.voice_latency import FRAME_MS, speech_end_s
 from bench.voices import Renderer, families
 from models import cpu
+from models.config import LlmConfig
 from tests.e2e.conftest import start_server, stop_server
 
 PACKS = ["qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"]
@@ -201,7 +202,7 @@ async def run_pack(pack: str, voices: list[Any], items: list[Spoken], tool_ms: i
                    renderer: Renderer) -> list[dict[str, Any]]:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        env = {"VOICE_AGENT_LLM__MODEL": pack, **settings}
+        env = {"VOICE_AGENT_LLM__MODEL": pack, "VOICE_AGENT_LLM__TOOLS_MODEL": pack, **settings}
         server, proc = start_server(Path(tmp), env)
         try:
             for voice in voices:
@@ -239,6 +240,8 @@ def main() -> None:
     # the server sends reply audio as soon as it is made, so that a reply's response.done comes when it
     # is written, not when it has been played (latencies to first audio are the same)
     settings.setdefault("VOICE_AGENT_SESSION__OUTPUT_LEAD_MS", "60000")
+    # the service's own sampling (tests' servers run at temperature 0)
+    settings.setdefault("VOICE_AGENT_LLM__TEMPERATURE", str(LlmConfig().temperature))
     items = [s for s in SPOKEN if args.split in ("all", s.split) and s.kind in args.kinds.split(",")]
     if args.limit:
         items = [s for kind in ("tool", "uncheckable", "chat")

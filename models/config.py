@@ -69,6 +69,12 @@ class LlmConfig(BaseModel):
     engine: Literal["embedded", "openai"] = "embedded"
     model: str = Field("qwen2.5-coder-0.5b-instruct-q4_k_m",
                        description="pack name, local folder or file, or Hugging Face id")
+    tools_model: str = Field(
+        "qwen2.5-coder-1.5b-instruct-q4_k_m",
+        description="embedded engine: the pack that serves calls which have tools (and /v1 requests with tools), "
+        "loaded beside llm.model; empty, or the same as llm.model: llm.model serves them too. The default was chosen "
+        "with bench/tool_calls.py (docs/benchmarks.md): the 0.5B calls tools where none is needed and repeats its "
+        "calls, the 1.5B picks the right tool and arguments")
     runtime: Literal["llama.cpp", "torch"] = Field(
         "llama.cpp", description="embedded engine: llama.cpp over the pack's own GGUF (Q4_K_M), fast on any CPU; "
         "or torch (PyTorch over the GGUF converted once to safetensors, or a Hugging Face id)")

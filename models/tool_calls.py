@@ -63,6 +63,9 @@ class Tools:
     choice: str = "auto"  # "auto", "none", "required", or a tool's name
     parallel: bool = True  # several calls in one reply
     max_calls: int = 8  # calls in one reply, at most
+    # Where set, whether to call is decided, not sampled: a call where the model's probability of one
+    # (at temperature 1, against all its words together) is at least this (tools.call_threshold).
+    call_threshold: float | None = None
     _nfa: dict[str, Nfa] = field(default_factory=dict, compare=False, repr=False)
 
     @property

@@ -11,7 +11,15 @@ Small models often mean a call without writing the tag: the 0.5B writes a bare J
 probability of every token that starts with one of them (after spaces) goes to `<tool_call>`: the
 model's wish to write structure becomes a call, held to the grammar from its first byte. ("<" was
 tried too, for the 1.5B's "<tools></tools>": on bench/tool_set.py's requests it made the 1.5B
-narrate calls in prose instead, so it is not merged.)
+narrate calls in prose instead, so it is not merged.) Tokens that start with "<" or ">" are ruled out
+of spoken text instead (tag soup is never said), and a reply may not end before it has said a word.
+
+With `Tools.call_threshold` set (voice calls: tools.call_threshold), whether to call is decided, not
+sampled, at any temperature: a call where the probability of `<tool_call>` (with the structure merged
+into it) against every word together is at least the threshold; otherwise the words (sampled or the
+best one, as the request says). Without it (/v1 requests: the model's own behaviour), the merged
+distribution is sampled, and greedy decoding compares the call with the best single word, which lets
+a call win where the model gave it a third of its mass and spread the rest over ways of saying "sorry".
 
 A GuideState is immutable, so the speculative decoder can walk a draft through it and drop what it
 does not keep. The same `mask` serves plain decoding and verification, which keeps speculation
@@ -195,6 +203,21 @@ class ToolGuide:
         out[v.end_id] = top + np.log(mass[~opening].sum())
         return out
 
+    def _speak_or_call(self, out: Logits, threshold: float) -> Logits:
+        """The choice in spoken text, decided: a call where the model's probability of one (against
+        all its words together) is at least `threshold`, else the words."""
+        v = self.vocab
+        call = float(out[v.open_id])
+        words = out.copy()
+        words[v.open_id] = _NEG
+        top = float(max(call, words.max()))
+        call_mass = np.exp(call - top)
+        if call_mass >= threshold * (call_mass + np.exp(words.astype(np.float64) - top).sum()):
+            only = np.full_like(out, _NEG)
+            only[v.open_id] = out[v.open_id]
+            return only
+        return words
+
     def mask(self, state: GuideState, logits: Logits) -> Logits:
         """`logits` [V] with -inf wherever the grammar (or the candidate bound) rules a token out."""
         if state.mode == "text":
@@ -213,6 +236,8 @@ class ToolGuide:
             # log(exp(open) + sum(exp(structure))): the tag gets the mass of every token that meant it
             out[v.open_id] = top + np.log(np.exp(out[v.open_id] - top) + np.exp(structure - top).sum())
             out[v.structure_ids] = _NEG
+            if self.tools.call_threshold is not None:
+                return self._speak_or_call(out, self.tools.call_threshold)
             return out
         if state.mode == "next":
             return self._call_or_end(logits)

@@ -13,13 +13,16 @@ DEFAULT_SYSTEM_PROMPT = (
 
 # For calls with tools: the default above keeps Qwen2.5-Coder-1.5B from calling them ("never use
 # code", "confirm it back": it said "Sure, I can book a table for two at seven tonight" and booked
-# nothing); this one made it call (bench/tool_set.py's requests) and say when it cannot check.
+# nothing). This one was tuned on the tune half of bench/tool_calls.py's spoken set: without its example
+# sentence the 1.5B stated prices ("The chicken curry costs $15") and told callers to "call the
+# order_status function"; with it, it says it cannot check.
 DEFAULT_TOOLS_PROMPT = (
     "You are a friendly voice assistant on a phone call. Your replies are spoken aloud: one to three short, "
     "natural sentences, without lists, markdown or emoji. Use a tool when the caller asks for something a tool "
-    "can check or do. Never state opening hours, bookings, order details, weather or anything else you did not "
-    "get from a tool, and never say you did something a tool did not do; if no tool can check it, say you "
-    "cannot check that here."
+    "can check or do. You know nothing about this business or the caller beyond what a tool tells you: never "
+    "state prices, menus, stock, parking, opening hours, bookings, orders, accounts, weather or anything else you "
+    "did not get from a tool, and never say you did something a tool did not do. If no tool can check or do it, "
+    "say so plainly, for example: 'Sorry, I can't check that here.' Never mention tools or functions to the caller."
 )
 
 
@@ -162,6 +165,11 @@ class ToolsConfig(BaseModel):
     tool_choice: str = Field("auto", description="auto, none or required, for the server's tools")
     max_steps: int = Field(3, ge=1, le=10, description="rounds of tool calls in one turn; then the model answers in "
                                                       "words")
+    call_threshold: float = Field(
+        0.37, ge=0.0, le=1.0, description="a reply calls a tool only where the model's probability of a call "
+        "(against all its words together, at temperature 1) is at least this: decided, never sampled. Chosen on "
+        "the tune half of bench/tool_calls.py's set for Qwen2.5-Coder-1.5B: requests no tool can serve got at "
+        "most 0.34, tool requests mostly 0.40 and up")
     filler_after_ms: int = Field(600, ge=0, description="a tool slower than this gets one short spoken filler, once "
                                                        "per turn")
     filler: str = "One moment, let me check."

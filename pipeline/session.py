@@ -89,11 +89,16 @@ class Backends:
     tts: Synthesizer
     llm: LanguageModel
     turn: TurnDetector | None = None  # the end-of-turn model (None: turns end on silence alone)
+    tools_llm: LanguageModel | None = None  # llm.tools_model, for calls that have tools (None: `llm` serves them)
     vad_worker: ModelWorker = field(default_factory=lambda: ModelWorker("vad"))
     # urgent like the ASR: a caller who paused waits for its answer
     turn_worker: ModelWorker = field(default_factory=lambda: ModelWorker("turn", priority="urgent"))
     asr_worker: ModelWorker = field(default_factory=lambda: ModelWorker("asr", priority="urgent"))
     tts_worker: ModelWorker = field(default_factory=lambda: ModelWorker("tts"))
+
+    def llm_for(self, tools: bool) -> LanguageModel:
+        """The LLM of a call (or request) that has tools, or of one that has none."""
+        return self.tools_llm if tools and self.tools_llm is not None else self.llm
 
 
 @dataclass(frozen=True)
@@ -239,7 +244,8 @@ class Session:
         has_tools = toolbox is not None and toolbox.tools(1) is not None
         default = config.session.tools_prompt if has_tools else config.session.system_prompt
         self.history: list[ChatMessage] = [ChatMessage("system", system_prompt or default)]
-        self.conversation: Conversation = backends.llm.conversation()
+        # the engine is chosen at the start: tools declared later (session.update) are served by it too
+        self.conversation: Conversation = backends.llm_for(has_tools).conversation()
         self.audio_in: asyncio.Queue[AudioFrame | None] = asyncio.Queue()
         self.audio_in_samples = 0  # samples queued in audio_in (the transport bounds it)
         self.turns: dict[int, Turn] = {}

@@ -180,7 +180,7 @@ class ToolBox:
             choice = "none"
         elif step > 1 and choice != "none":
             choice = "auto"
-        return Tools(everything, choice)
+        return Tools(everything, choice, call_threshold=self.config.call_threshold)
 
     def runs_on(self, name: str) -> str:
         if name in self.server:

@@ -1,4 +1,4 @@
-"""Tool calls end to end: real models (Qwen2.5-Coder-1.5B-Instruct, Q4_K_M, for calls with tools),
+"""Tool calls end to end: real models (Qwen2.5-Coder-1.5B-Instruct, Q4_K_M, llm.tools_model's default),
 real sockets, real spoken audio. A spoken booking request reaches a real HTTP tool (a small server
 this test starts, declared in a tools file) with the right arguments, and the answer is spoken from
 its result; a client's own tool is asked over /ws and answered with function_call.output."""
@@ -59,8 +59,8 @@ def tool_server(tmp_path_factory: pytest.TempPathFactory, tool_port: int) -> Ite
         "name": "book_table", "description": "Book a table at the restaurant.",
         "url": f"http://127.0.0.1:{tool_port}/book", "method": "POST", "headers": {"X-Api-Key": "${BOOKING_KEY}"},
         "parameters": BOOKING}]}))
-    server, proc = start_server(tmp, {"VOICE_AGENT_TOOLS__FILE": str(tools), "BOOKING_KEY": "k-123",
-                                      "VOICE_AGENT_LLM__MODEL": "qwen2.5-coder-1.5b-instruct-q4_k_m"})
+    # the defaults: llm.model (the 0.5B) for calls without tools, llm.tools_model (the 1.5B) for these
+    server, proc = start_server(tmp, {"VOICE_AGENT_TOOLS__FILE": str(tools), "BOOKING_KEY": "k-123"})
     yield server
     stop_server(proc)
 
@@ -136,3 +136,8 @@ async def test_bad_tools_in_session_start_are_refused_with_the_reason(tool_serve
         "type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}}}])
     assert answer["type"] == "error" and answer["code"] == "invalid_tools" and "pattern" in answer["message"]
     await client.close()
+
+
+def test_the_server_serves_calls_with_tools_with_the_tools_model(tool_server: Server) -> None:
+    models = httpx.get(tool_server.base_url + "/v1/models", timeout=5).json()["data"]
+    assert [m["id"] for m in models] == ["qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"]

@@ -5,9 +5,11 @@ functions of the tokens, so plain and speculative outputs can be compared token 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -259,3 +261,27 @@ def test_a_reply_does_not_end_before_it_said_something() -> None:
     text, calls, _, stats = generate(lm, tools, SamplingParams(temperature=0, max_tokens=60))
     assert text.strip() and not calls
     assert stats.finish_reason == "stop"  # it ends as soon as it has said a word
+
+
+@pytest.mark.parametrize(("call", "threshold", "chosen"), [
+    (0.4, 0.5, "a"), (0.6, 0.5, "<tool_call>"), (0.3, 0.37, "a"), (0.4, 0.37, "<tool_call>"),
+    (0.4, None, "<tool_call>")])
+@pytest.mark.parametrize("candidates", [1, 20])
+def test_a_call_is_decided_by_its_share_against_every_word_together(call: float, threshold: float | None,
+                                                                    chosen: str, candidates: int) -> None:
+    """With a threshold, the call wins only with that share of the mass, greedy or sampled; without
+    one (None), greedy compares it with the best single word, which a 0.4 call beats."""
+    lm = FakeByteLM()
+    tools = parse_tools(TOOLS, "auto")
+    assert tools is not None
+    tools = replace(tools, call_threshold=threshold)
+    guide = ToolGuide(lm, tools, candidates)  # type: ignore[arg-type]
+    logits = np.full(lm.vocab_size, -np.inf, dtype=np.float32)
+    logits[lm.index["<tool_call>"]] = np.log(call)
+    words = (1 - call) / 4
+    for i, piece in enumerate("abcd"):  # the words' mass, spread over four ways to say it
+        logits[lm.index[piece]] = np.log(words * (1.01 if i == 0 else 1.0))
+    masked = guide.mask(guide.start(), logits)
+    assert int(masked.argmax()) == lm.index[chosen]
+    if threshold is not None:  # decided: nothing of the other way is left to sample
+        assert np.isfinite(masked).sum() == (1 if chosen == "<tool_call>" else 4)

@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -16,6 +17,7 @@ from aiohttp import web
 from models.tool_calls import Tool, ToolCall
 from pipeline.config import ToolsConfig
 from pipeline.events import FunctionCallRequest, ResponseDone
+from pipeline.session import Session
 from pipeline.tools import HttpTool, ToolBox
 from tests.pipeline.fakes import DistantClock, FakeLLM, RecordingOutbound
 from tests.pipeline.test_session import done_events, make_session, speak
@@ -324,3 +326,16 @@ async def test_end_call_without_playback_reports_hangs_up_after_the_grace() -> N
 async def test_end_call_is_not_offered_where_the_transport_cannot_hang_up() -> None:
     box = ToolBox(ToolsConfig(end_call=True), DistantClock(), [], None)
     assert box.tools(1) is None
+
+
+async def test_a_call_with_tools_is_served_by_the_tools_model_and_one_without_by_the_other() -> None:
+    plain, tooled = FakeLLM(["Hi there."]), FakeLLM([[call()], "It shipped."])
+    session, out = make_session(plain, ["Where is my order 4512?"])
+    backends = replace(session.backends, tools_llm=tooled)
+    box = ToolBox(ToolsConfig(), session.clock, [], None)
+    box.declare([LOOKUP])
+    with_tools = Session(backends, session.config, session.clock, out, output_rate=8000, toolbox=box)
+    without = Session(backends, session.config, session.clock, out, output_rate=8000)
+    assert with_tools.conversation.llm is tooled  # type: ignore[attr-defined]
+    assert without.conversation.llm is plain  # type: ignore[attr-defined]
+    assert with_tools.history[0].content == session.config.session.tools_prompt
