@@ -862,11 +862,18 @@ class Session:
             reply.history_at = len(self.history)
             reply.turn.mark("tool_dispatched", now)
         run = ToolRun(call, self.toolbox.runs_on(call.name), now)
+        earlier = next((r for r in reply.turn.tool_runs if r.output is not None and r.same_call(call)), None)
         reply.runs.append(run)
         reply.turn.tool_runs.append(run)
-        log.info("turn %d: tool call %s %s(%s) (%s)", reply.turn.turn_id, call.call_id, call.name, call.arguments,
-                 run.runs_on)
-        task = asyncio.create_task(self.toolbox.run(run))
+        if earlier is not None:  # asked again what it was told this turn: not run twice (it would act twice)
+            run.output, run.finished_at, run.repeat_of = earlier.output, now, earlier.call.call_id
+            log.info("turn %d: tool call %s repeats %s: its result is given again, not run", reply.turn.turn_id,
+                     call.call_id, earlier.call.call_id)
+            task = asyncio.create_task(asyncio.sleep(0, run))
+        else:
+            log.info("turn %d: tool call %s %s(%s) (%s)", reply.turn.turn_id, call.call_id, call.name,
+                     call.arguments, run.runs_on)
+            task = asyncio.create_task(self.toolbox.run(run))
         reply.run_tasks.append(task)
         self.tool_tasks.add(task)
         task.add_done_callback(self.tool_tasks.discard)
@@ -910,7 +917,10 @@ class Session:
                 kept = tuple(r.as_dict(since) for r in turn.tool_runs)
                 await self._record(replace(turn.held_record, tool_calls=kept))
             return
-        await self._start_reply(turn, None, step=reply.step + 1)
+        step = reply.step + 1
+        if all(r.repeat_of for r in reply.runs):  # the model goes round in circles: it must answer in words
+            step = max(step, cfg.max_steps + 1)
+        await self._start_reply(turn, None, step=step)
 
     async def _ask_client(self, call: ToolCall) -> str:
         """A client tool: the client runs it and answers with function_call.output."""

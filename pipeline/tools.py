@@ -51,6 +51,16 @@ class ToolRun:
     output: str | None = None  # what the model is given
     error: str | None = None
     filler_heard: bool | None = None  # whether the caller heard the turn's filler while it ran
+    repeat_of: str | None = None  # the call_id of the same call earlier in the turn, whose output this reuses
+
+    def same_call(self, call: ToolCall) -> bool:
+        """Whether `call` asks the same tool for the same arguments (as JSON values, not as text)."""
+        if call.name != self.call.name:
+            return False
+        try:
+            return bool(json.loads(call.arguments) == json.loads(self.call.arguments))
+        except ValueError:
+            return call.arguments == self.call.arguments
 
     def as_dict(self, since: float | None = None) -> dict[str, Any]:
         def ms(at: float | None) -> float | None:
@@ -61,7 +71,7 @@ class ToolRun:
                 "dispatched_ms": ms(self.dispatched_at), "finished_ms": ms(self.finished_at),
                 "duration_ms": None if self.finished_at is None else
                 round((self.finished_at - self.dispatched_at) * 1000, 1),
-                "filler_heard": self.filler_heard}
+                "filler_heard": self.filler_heard, "repeat_of": self.repeat_of}
 
 
 @dataclass(frozen=True)

@@ -339,3 +339,27 @@ async def test_a_call_with_tools_is_served_by_the_tools_model_and_one_without_by
     assert with_tools.conversation.llm is tooled  # type: ignore[attr-defined]
     assert without.conversation.llm is plain  # type: ignore[attr-defined]
     assert with_tools.history[0].content == session.config.session.tools_prompt
+
+
+async def test_a_call_repeated_in_the_same_turn_is_not_run_again_and_words_must_follow() -> None:
+    """A small model asks again what it was just told: the tool does not act twice, the model gets
+    the same result and must then answer in words (the step limit is not waited for)."""
+    llm = FakeLLM([[call()], [call('{ "order_number":"4512" }', call_id="call_2")], "It shipped on Monday."])
+    session, out = make_session(llm, ["Where is my order 4512?"])
+    with_client_tools(session, ToolsConfig(max_steps=3))
+    task = asyncio.create_task(session.run())
+    answered: list[str] = []
+    client = asyncio.create_task(answer_calls(session, out, '{"status": "shipped Monday"}', answered=answered))
+    await turn(session, out, 3)
+    assert answered == ["call_1"]  # asked once
+    assert [e.call.call_id for e in out.events if isinstance(e, FunctionCallRequest)] == ["call_1"]
+    offered = [t.callable for t in llm.tools_seen if t is not None]
+    assert offered == [True, True, False]  # after the repeat: words only
+    final = done_events(out)[2]
+    assert final.text == "It shipped on Monday."
+    assert [c["repeat_of"] for c in final.tool_calls] == [None, "call_1"]
+    tool_results = [m.content for m in session.history if m.role == "tool"]
+    assert tool_results == ['{"status": "shipped Monday"}'] * 2
+    client.cancel()
+    await session.audio_in.put(None)
+    await task
