@@ -89,7 +89,8 @@ def malformed(name: str, arguments: str) -> str:
     return ""
 
 
-async def one_request(url: str, item: Spoken, samples: np.ndarray, tool_ms: int) -> dict[str, Any]:
+async def one_request(url: str, item: Spoken, samples: np.ndarray, tool_ms: int,
+                      declare: bool = True) -> dict[str, Any]:
     """One call: the request, spoken; the client runs the tools; until the answer's response.done."""
     client = VoiceClient(url, 16000)
     returned: list[float] = []
@@ -100,7 +101,7 @@ async def one_request(url: str, item: Spoken, samples: np.ndarray, tool_ms: int)
         return fake_result(name, args)
 
     client.tool_handler = tool
-    started = await client.connect(tools=SPOKEN_TOOLS, tool_choice="auto")
+    started = await client.connect(tools=SPOKEN_TOOLS, tool_choice="auto") if declare else await client.connect()
     if started.get("type") != "session.started":
         raise SystemExit(f"session.start refused: {started}")
     lead = np.zeros(int(0.3 * 16000), dtype=np.int16)
@@ -121,8 +122,8 @@ async def one_request(url: str, item: Spoken, samples: np.ndarray, tool_ms: int)
     heard = client.events("transcript.final")
     await client.close()
     return {
-        "text": item.text, "split": item.split, "kind": item.kind,
-        "expected": list(item.call) if item.call else None,
+        "text": item.text, "split": item.split, "kind": item.kind if declare or item.kind == "chat" else "uncheckable",
+        "expected": list(item.call) if item.call and declare else None,
         "heard": " ".join(e["text"] for e in heard),
         "calls": [{"name": e["name"], "arguments": e["arguments"], "malformed": malformed(e["name"], e["arguments"]),
                    "after_speech_ms": round((at - true_end) * 1000)} for at, e in calls],
@@ -199,7 +200,7 @@ HEADER = ("| pack, voice, split | right tool | exact arguments | false calls | i
 
 
 async def run_pack(pack: str, voices: list[Any], items: list[Spoken], tool_ms: int, settings: dict[str, str],
-                   renderer: Renderer) -> list[dict[str, Any]]:
+                   renderer: Renderer, declare: bool = True) -> list[dict[str, Any]]:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         env = {"VOICE_AGENT_LLM__MODEL": pack, "VOICE_AGENT_LLM__TOOLS_MODEL": pack, **settings}
@@ -209,7 +210,7 @@ async def run_pack(pack: str, voices: list[Any], items: list[Spoken], tool_ms: i
                 for item in items:
                     audio = renderer.say(voice, item.text)
                     samples = (np.clip(audio, -1, 1) * 32767).astype(np.int16)
-                    r = await one_request(server.ws_url, item, samples, tool_ms)
+                    r = await one_request(server.ws_url, item, samples, tool_ms, declare)
                     r["pack"], r["voice"] = pack, voice.name
                     r["verdict"] = judge(r)
                     if r["status"] == "failed":
@@ -233,6 +234,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="VOICE_AGENT_X=Y",
                         help="a server setting for every pack")
     parser.add_argument("--kinds", default="tool,uncheckable,chat", help="which kinds of request to run")
+    parser.add_argument("--no-tools", action="store_true",
+                        help="calls that declare no tools: every request but small talk is one the agent cannot "
+                             "serve, and must say so (the default system prompt's honesty)")
     parser.add_argument("--limit", type=int, default=0, help="only the first N requests of each kind (a quick look)")
     parser.add_argument("--json", help="write every request's result and the summaries to this file")
     args = parser.parse_args()
@@ -259,7 +263,7 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     for pack in args.packs.split(","):
         print(f"== {pack}", flush=True)
-        results += asyncio.run(run_pack(pack, voices, items, args.tool_ms, settings, renderer))
+        results += asyncio.run(run_pack(pack, voices, items, args.tool_ms, settings, renderer, not args.no_tools))
     summaries: dict[str, Any] = {}
     print("\n" + HEADER)
     for pack in args.packs.split(","):

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, model_validator
 
+# Calls without tools: the agent can check and do nothing, and says so. The previous prompt ("confirm it
+# back in their own words") had the 0.5B answer 26 of the 30 tune requests that need a check or an action
+# with an invented fact or a pretended action; this one, 15 (bench/tool_calls.py --no-tools).
 DEFAULT_SYSTEM_PROMPT = (
     "You are a friendly, helpful voice assistant on a phone call. Your replies are spoken aloud, so "
     "answer in one to three short, natural sentences. Never use lists, markdown, code, or emoji. "
-    "When the caller asks for something, confirm it back in their own words."
+    "You cannot look anything up or do anything for the caller: never state opening hours, prices, bookings, "
+    "orders, accounts, the weather or any other fact about this business or the caller, and never say you "
+    "did something. When asked for one, say plainly, for example: 'Sorry, I can't check that here.'"
 )
 
 
-# For calls with tools: the default above keeps Qwen2.5-Coder-1.5B from calling them ("never use
-# code", "confirm it back": it said "Sure, I can book a table for two at seven tonight" and booked
-# nothing). This one was tuned on the tune half of bench/tool_calls.py's spoken set: without its example
+# For calls with tools: the previous default system prompt kept Qwen2.5-Coder-1.5B from calling them
+# ("never use code", "confirm it back": it said "Sure, I can book a table for two at seven tonight"
+# and booked nothing). This one was tuned on the tune half of bench/tool_calls.py's spoken set: without its example
 # sentence the 1.5B stated prices ("The chicken curry costs $15") and told callers to "call the
 # order_status function"; with it, it says it cannot check.
 DEFAULT_TOOLS_PROMPT = (
