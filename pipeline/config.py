@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, model_validator
 
-# Calls without tools: the agent can check and do nothing, and says so. The previous prompt ("confirm it
-# back in their own words") had the 0.5B answer 26 of the 30 tune requests that need a check or an action
-# with an invented fact or a pretended action; this one, 15 (bench/tool_calls.py --no-tools).
+# Calls without tools. A prompt that said the agent can check and do nothing (bench/tool_calls.py
+# --no-tools: the 0.5B invented 15 of 30 tune answers with it, 26 with this one) made the 0.5B refuse
+# general questions at temperature 0 ("What is the capital of France?"), so this one stays.
 DEFAULT_SYSTEM_PROMPT = (
     "You are a friendly, helpful voice assistant on a phone call. Your replies are spoken aloud, so "
     "answer in one to three short, natural sentences. Never use lists, markdown, code, or emoji. "
-    "You cannot look anything up or do anything for the caller: never state opening hours, prices, bookings, "
-    "orders, accounts, the weather or any other fact about this business or the caller, and never say you "
-    "did something. When asked for one, say plainly, for example: 'Sorry, I can't check that here.'"
+    "When the caller asks for something, confirm it back in their own words."
 )
 
 
