@@ -176,7 +176,8 @@ def test_tool_calls_through_the_official_openai_sdk(server: Server) -> None:
                                             tool_choice="none", max_tokens=40)
     # tool_choice "none": words, however weak the model (whether the 0.5B uses the result is in
     # tests/models/test_tool_calls_llama.py, on the 1.5B)
-    assert follow.choices[0].finish_reason == "stop" and not follow.choices[0].message.tool_calls
+    # (a weak model's words may run to max_tokens: "length" is words too)
+    assert follow.choices[0].finish_reason in ("stop", "length") and not follow.choices[0].message.tool_calls
     assert (follow.choices[0].message.content or "").strip()
 
 
