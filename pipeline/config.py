@@ -5,8 +5,9 @@ from __future__ import annotations
 from pydantic import BaseModel, Field, model_validator
 
 # Calls without tools. A prompt that said the agent can check and do nothing (bench/tool_calls.py
-# --no-tools: the 0.5B invented 15 of 30 tune answers with it, 26 with this one) made the 0.5B refuse
-# general questions at temperature 0 ("What is the capital of France?"), so this one stays.
+# --no-tools: the 0.5B invented 15 of 30 tune answers with it, 26 with this one) failed three
+# end-to-end tests on 8 kHz calls (a phone call's "What is the capital of France?" was answered about
+# the United States); they pass with this one, so it stays until that is understood.
 DEFAULT_SYSTEM_PROMPT = (
     "You are a friendly, helpful voice assistant on a phone call. Your replies are spoken aloud, so "
     "answer in one to three short, natural sentences. Never use lists, markdown, code, or emoji. "
