@@ -48,7 +48,7 @@ from models.config import LlmConfig
 from tests.e2e.conftest import start_server, stop_server
 
 PACKS = ["qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"]
-VOICES = ["hibari-heart", "hibari-heart-low-slow", "piper-joe"]
+VOICES = ["hibari-heart", "piper-joe"]  # the tuned voice and one never tuned on
 # the caller says it cannot check or do it: "I can't check the weather here", "I'm unable to ..."
 DECLINE = re.compile(r"\b(can ?not|can'?t|cannot|unable|not able|don'?t have|do not have|no (?:way|access)|"
                      r"not (?:sure|possible|available)|I'?m afraid|couldn'?t|could not|don'?t know|do not know|"
