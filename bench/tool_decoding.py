@@ -15,6 +15,11 @@ each mode's time, so every mode is counted on the same tokens), the speed ratio 
 (then the median), forced tokens' share, and whether each call equals plain's (name and arguments).
 
     .venv/bin/python bench/tool_decoding.py --json docs/bench/tool_decoding.json
+    .venv/bin/python bench/tool_decoding.py --tools spoken --json docs/bench/tool_decoding_spoken.json
+
+`--tools written` (the default): tool_set.py's TOOLS, free-text strings, and its 12 REQUESTS; `--tools
+spoken`: the schemas of the labelled spoken set (SPOKEN_TOOLS: enums, patterns) and the written text
+of its tool requests.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tool_set import REQUESTS, SYSTEM, TOOLS  # bench/tool_set.py, beside this script
+from tool_set import REQUESTS, SPOKEN, SPOKEN_TOOLS, SYSTEM, TOOLS  # bench/tool_set.py, beside this script
 
 from core.clock import MonotonicClock
 from models import cpu
@@ -46,9 +51,9 @@ from models.tool_guide import ReplyReader, ToolGuide
 MODES = ("free", "plain", "jump", "jump+ngram", "jump+draft")
 
 
-def reply(lm: CausalLM, strategy: SpeculativeStrategy, prompt: list[int], mode: str,
-          max_tokens: int) -> dict[str, Any]:
-    tools = parse_tools(TOOLS)
+def reply(lm: CausalLM, strategy: SpeculativeStrategy, prompt: list[int], mode: str, max_tokens: int,
+          declared: list[dict[str, Any]]) -> dict[str, Any]:
+    tools = parse_tools(declared)
     assert tools is not None
     method = {"free": "off", "plain": "off", "jump": "off", "jump+ngram": "ngram", "jump+draft": "draft_model"}[mode]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, speculation=Speculation(method))
@@ -91,6 +96,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=cpu.cores())
     parser.add_argument("--max-tokens", type=int, default=80)
     parser.add_argument("--json", help="write the raw results here")
+    parser.add_argument("--tools", choices=("written", "spoken"), default="written",
+                        help="which tools and requests (see above)")
     parser.add_argument("--sampled", type=int, default=0, metavar="N",
                         help="instead: N generations at temperature 1.0 on --target over varied prompts, counting "
                              "malformed calls (arguments that are not JSON or break the schema)")
@@ -105,16 +112,19 @@ def main() -> None:
     draft = LlamaCppLM(resolve_gguf(args.draft), threads=args.threads, context_tokens=2048, sequences=4,
                        name=args.draft)
     strategy = SpeculativeStrategy(target, MonotonicClock(), method="ngram", draft=draft)
+    declared, requests = TOOLS, REQUESTS
+    if args.tools == "spoken":
+        declared, requests = SPOKEN_TOOLS, [(s.text, s.call) for s in SPOKEN if s.kind == "tool"]
     print(f"target {args.target} ({target.precision}), draft {args.draft} ({draft.precision}); temperature 0; "
-          f"tools: {', '.join(t['name'] for t in TOOLS)}\n")
-    offered = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in TOOLS]
+          f"tools ({args.tools}): {', '.join(t['name'] for t in declared)}; {len(requests)} requests\n")
+    offered = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in declared]
     system = target.chat_tokens([{"role": "system", "content": SYSTEM}], False, offered)
     target.remember_prefix(system, pinned=True)
     runs: list[dict[str, Any]] = []
-    for i, (request, expected) in enumerate(REQUESTS):
+    for i, (request, expected) in enumerate(requests):
         prompt = target.chat_tokens([{"role": "system", "content": SYSTEM}, {"role": "user", "content": request}],
                                     True, offered)
-        by_mode = {mode: reply(target, strategy, prompt, mode, args.max_tokens) for mode in MODES}
+        by_mode = {mode: reply(target, strategy, prompt, mode, args.max_tokens, declared) for mode in MODES}
         for mode, run in by_mode.items():
             run.update(request=i, same_as_plain=run["call"] == by_mode["plain"]["call"],
                        ratio=by_mode["plain"]["seconds"] / run["seconds"],
@@ -144,7 +154,7 @@ def main() -> None:
         Path(args.json).write_text(json.dumps({
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "cpu": cpu.describe(),
             "threads": args.threads, "target": args.target, "draft": args.draft, "precision": target.precision,
-            "summary": summary, "runs": runs}, indent=1, default=str))
+            "tools": args.tools, "summary": summary, "runs": runs}, indent=1, default=str))
 
 
 def sampled(args: argparse.Namespace) -> None:

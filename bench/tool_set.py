@@ -65,7 +65,7 @@ REQUESTS: list[tuple[str, Call | None]] = [
 
 # ------------------------------------------------------------------------------ the labelled spoken set
 # bench/tool_calls.py: the same four tools, with the schemas a careful tool author writes for a voice agent
-# (days and months as enums, a date as month and day, digits without spaces): whatever the caller's words,
+# (days and months as enums, a date as month and day, digits and times held to a pattern): whatever the caller's words,
 # the arguments have one right spelling. "tune" requests are the ones prompts and schemas were adjusted on;
 # "held" ones were written at the same time and only run for the report.
 DAYS = ["today", "tomorrow", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
@@ -77,12 +77,14 @@ SPOKEN_TOOLS: list[dict[str, Any]] = [
      "parameters": {"type": "object", "properties": {
          "party_size": {"type": "integer", "description": "how many people"},
          "day": {"type": "string", "enum": DAYS},
-         "time": {"type": "string", "description": "24-hour time, HH:MM (seven in the evening is 19:00)"}},
+         "time": {"type": "string", "description": "24-hour time, HH:MM (seven in the evening is 19:00)",
+                  "pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$"}},
          "required": ["party_size", "day", "time"]}},
     {"type": "function", "name": "order_status",
      "description": "Look up where an order is, by its order number.",
      "parameters": {"type": "object", "properties": {
-         "order_number": {"type": "string", "description": "the order number's digits, without spaces"}},
+         "order_number": {"type": "string", "description": "the order number's digits, without spaces",
+                          "pattern": "^[0-9]+$"}},
          "required": ["order_number"]}},
     {"type": "function", "name": "opening_hours",
      "description": "The opening hours of one of our stores (the pharmacy, the bakery, the main store) on a day.",

@@ -7,12 +7,12 @@ no other whitespace), so every byte the layout fixes is forced and can be emitte
 the model (jump-forward).
 
 Supported: `type` (object, array, string, integer, number, boolean, null, or a list of them),
-`properties` (kept in their declared order), `required`, `items`, `enum`, `const`, `anyOf` and
-`oneOf`. An object takes no properties beyond those declared. Words that describe but do not shape
-(`description`, `title`, `default`, `examples`, `format`, `minimum`...) are ignored here; the
-finished arguments are checked against the whole schema afterwards. Anything else (`$ref`,
-`pattern`, `patternProperties`, `allOf`, a nesting deeper than MAX_DEPTH) is refused with an error
-that names it.
+`properties` (kept in their declared order), `required`, `items`, `enum`, `const`, `anyOf`,
+`oneOf`, and a string's `pattern` (models/json_pattern.py). An object takes no properties beyond
+those declared. Words that describe but do not shape (`description`, `title`, `default`,
+`examples`, `format`, `minimum`...) are ignored here; the finished arguments are checked against
+the whole schema afterwards. Anything else (`$ref`, `patternProperties`, `allOf`, a nesting deeper
+than MAX_DEPTH) is refused with an error that names it.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import ConfigError
+from models.json_pattern import pattern_string
 
 State = frozenset[int]
 MAX_DEPTH = 6
-_REFUSED = ("$ref", "pattern", "patternProperties", "allOf", "not", "if", "dependentSchemas",
+_REFUSED = ("$ref", "patternProperties", "allOf", "not", "if", "dependentSchemas",
             "dependentRequired", "prefixItems", "unevaluatedProperties")
 _STRING_BYTE = frozenset(range(0x20, 0x100)) - {ord('"'), ord("\\")}
 _ESCAPED = frozenset(b'"\\/bfnrt')
@@ -177,7 +178,7 @@ def compile_value(b: Builder, schema: Any, where: str, depth: int = 0) -> Fragme
     for word in _REFUSED:
         if word in schema:
             raise ConfigError(f"{where}: the JSON Schema keyword {word!r} is not supported in tool arguments "
-                              f"(supported: type, properties, required, items, enum, const, anyOf, oneOf)")
+                              f"(supported: type, properties, required, items, enum, const, anyOf, oneOf, pattern)")
     if "const" in schema:
         return b.literal(_canonical(schema["const"]))
     if "enum" in schema:
@@ -198,7 +199,7 @@ def compile_value(b: Builder, schema: Any, where: str, depth: int = 0) -> Fragme
     if isinstance(kind, list):
         return b.alt(*(compile_value(b, {**schema, "type": k}, where, depth) for k in kind))
     if kind == "string":
-        return _string(b)
+        return pattern_string(b, schema["pattern"], where) if "pattern" in schema else _string(b)
     if kind == "integer":
         return _integer(b)
     if kind == "number":

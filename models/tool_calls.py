@@ -66,6 +66,8 @@ class Tools:
     # Where set, whether to call is decided, not sampled: a call where the model's probability of one
     # (at temperature 1, against all its words together) is at least this (tools.call_threshold).
     call_threshold: float | None = None
+    # Where set, a call's arguments are the model's most likely ones at any temperature (tools.greedy_arguments).
+    greedy_arguments: bool = False
     _nfa: dict[str, Nfa] = field(default_factory=dict, compare=False, repr=False)
 
     @property

@@ -29,7 +29,8 @@ Masking inside a call reads only the best candidates: the tokens in order of the
 up to `candidates` allowed ones among the 4 x `candidates` best (further down only where none of
 those is allowed; `candidates` is the request's top_k, or CANDIDATES without one, and 1 at
 temperature 0), and sets every other logit to -inf. The constrained distribution is so defined for
-both decoders.
+both decoders. With `Tools.greedy_arguments` (voice calls: tools.greedy_arguments) it is one, whatever the
+temperature: the arguments are the model's most likely ones, so the same words make the same call.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class ToolGuide:
         self.lm, self.vocab, self.tools = lm, vocab, tools
         self.callable = tools.callable
         self.nfa = tools.call_nfa() if tools.callable else Nfa.nothing()
-        self.candidates = max(1, candidates)
+        self.candidates = 1 if tools.greedy_arguments else max(1, candidates)
         self.jump_forward = jump_forward
         self._structure = set(vocab.structure_ids.tolist())
         self._markup = set(vocab.markup_ids.tolist())

@@ -174,6 +174,9 @@ class ToolsConfig(BaseModel):
         "(against all its words together, at temperature 1) is at least this: decided, never sampled. Chosen on "
         "the tune half of bench/tool_calls.py's set for Qwen2.5-Coder-1.5B: requests no tool can serve got at "
         "most 0.34, tool requests mostly 0.40 and up")
+    greedy_arguments: bool = Field(
+        True, description="a call's arguments are the model's most likely ones at any temperature (the spoken words "
+        "keep llm.temperature): the same request makes the same call")
     filler_after_ms: int = Field(600, ge=0, description="a tool slower than this gets one short spoken filler, once "
                                                        "per turn")
     filler: str = "One moment, let me check."

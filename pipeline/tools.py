@@ -190,7 +190,8 @@ class ToolBox:
             choice = "none"
         elif step > 1 and choice != "none":
             choice = "auto"
-        return Tools(everything, choice, call_threshold=self.config.call_threshold)
+        return Tools(everything, choice, call_threshold=self.config.call_threshold,
+                     greedy_arguments=self.config.greedy_arguments)
 
     def runs_on(self, name: str) -> str:
         if name in self.server:

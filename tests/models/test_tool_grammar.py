@@ -5,6 +5,7 @@ functions of the tokens, so plain and speculative outputs can be compared token 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -18,6 +19,7 @@ from core.clock import MonotonicClock
 from core.errors import ConfigError
 from models.generation import GenerationLoop, PlainDecoder
 from models.json_nfa import arguments_nfa
+from models.json_pattern import ends_anchored
 from models.protocols import GenerationStats, SamplingParams, Speculation
 from models.speculative.decoder import SpeculativeStrategy
 from models.tool_calls import ToolCall, Tools, parse_tools
@@ -75,13 +77,56 @@ def test_the_layout_fixes_what_it_can_so_it_is_forced() -> None:
 
 @pytest.mark.parametrize("schema, word", [
     ({"type": "object", "properties": {"a": {"$ref": "#/x"}}}, "$ref"),
-    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a"}}}, "pattern"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=a)b"}}}, "lookarounds"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(a)\\1"}}}, "backreferences"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "a{1,500}"}}}, "over 64"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "a^b"}}}, "start"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "[é]"}}}, "outside ASCII"),
+    ({"type": "object", "properties": {"a": {"type": "string", "pattern": "(ab"}}}, "not closed"),
     ({"type": "object", "properties": {"a": {"type": "date"}}}, "date"),
     ({"type": "object", "required": ["b"], "properties": {"a": {"type": "string"}}}, "'b'"),
 ])
 def test_schemas_it_cannot_follow_are_refused_by_name(schema: dict[str, Any], word: str) -> None:
     with pytest.raises(ConfigError, match=word.replace("$", r"\$")):
         arguments_nfa(schema, "tool 'x' parameters")
+
+
+PATTERNS = ["^[0-9]+$", "^([01][0-9]|2[0-3]):[0-5][0-9]$", "^[A-Z]{2}-\\d{3,5}$", "ab", "^a.c", "x$",
+            '^[^ "]*$', "^(?:\\w+ )*\\w+$", "^\\S{2}\\s?\\S$", "^[a-c\\d_]{0,3}z?$", '^\\"q\\\\$', "^é+$"]
+
+
+def accepts_string(pattern: str, text: str) -> bool:
+    """In the canonical layout: characters outside ASCII as themselves, not as \\u escapes."""
+    nfa = arguments_nfa({"type": "string", "pattern": pattern}, "test")
+    return nfa.accepts(nfa.walk(nfa.start(), json.dumps(text, ensure_ascii=False).encode()))
+
+
+def matches(pattern: str, text: str) -> bool:
+    """ECMA-262's answer through Python's re: \\d \\w \\s are ASCII there, and $ is the very end."""
+    python = pattern[:-1] + "\\Z" if ends_anchored(pattern) else pattern
+    return re.search(python, text, re.ASCII) is not None
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(alphabet='ab019:AZ-xz _"\\\n\té.', max_size=7))
+def test_a_string_pattern_accepts_exactly_what_the_regular_expression_matches(pattern: str, text: str) -> None:
+    assert accepts_string(pattern, text) == matches(pattern, text)
+
+
+@pytest.mark.parametrize("pattern, value", [
+    ("^[0-9]+$", "41773"), ("^([01][0-9]|2[0-3]):[0-5][0-9]$", "21:00"), ("^[A-Z]{2}-\\d{3,5}$", "AB-1234"),
+    ("^(?:\\w+ )*\\w+$", "two words"), ('^[^ "]*$', "naïve"), ("^é+$", "éé"), ("x$", 'a "quoted" x'),
+])
+def test_values_that_match_are_accepted(pattern: str, value: str) -> None:  # what the random texts rarely hit
+    assert matches(pattern, value) and accepts_string(pattern, value)
+
+
+def test_a_pattern_forces_what_it_fixes() -> None:
+    nfa = arguments_nfa({"type": "object", "properties": {"code": {"type": "string", "pattern": "^AB-[0-9]{2}$"}},
+                         "required": ["code"]}, "test")
+    assert nfa.forced(nfa.start()) == b'{"code": "AB-'
+    assert nfa.forced(nfa.walk(nfa.start(), b'{"code": "AB-12')) == b'"}'
 
 
 json_values = st.recursive(
@@ -179,6 +224,19 @@ def test_sampled_calls_are_never_malformed(seed: int) -> None:
     # end only between calls), or it was cut at max_tokens; no call leaks into the spoken text
     assert stats.finish_reason in ("stop", "length")
     assert "<tool_call>" not in text and "</tool_call>" not in text
+
+
+def test_greedy_arguments_are_the_same_at_any_temperature() -> None:
+    tools = parse_tools(TOOLS, "required")
+    assert tools is not None
+    greedy = replace(tools, greedy_arguments=True)
+    _, [best, *_], _, _ = generate(FakeByteLM(), tools, SamplingParams(temperature=0, max_tokens=300))
+    sampled = {generate(FakeByteLM(), tools, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_tokens=300,
+                                                            seed=seed))[1][0].arguments for seed in range(6)}
+    held = {generate(FakeByteLM(), greedy, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, max_tokens=300,
+                                                          seed=seed))[1][0].arguments for seed in range(6)}
+    assert sampled != {best.arguments}  # the fake's arguments do vary when sampled...
+    assert held == {best.arguments}  # ... and not with greedy arguments
 
 
 def test_parallel_calls_follow_each_other_and_can_be_switched_off() -> None:
