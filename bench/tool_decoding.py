@@ -89,6 +89,13 @@ def reply(lm: CausalLM, strategy: SpeculativeStrategy, prompt: list[int], mode: 
             "ids": produced, "call": call}
 
 
+def chosen(which: str) -> tuple[list[dict[str, Any]], list[tuple[str, Any]]]:
+    """The tools and requests of `--tools`."""
+    if which == "spoken":
+        return SPOKEN_TOOLS, [(s.text, s.call) for s in SPOKEN if s.kind == "tool"]
+    return TOOLS, list(REQUESTS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
@@ -112,9 +119,7 @@ def main() -> None:
     draft = LlamaCppLM(resolve_gguf(args.draft), threads=args.threads, context_tokens=2048, sequences=4,
                        name=args.draft)
     strategy = SpeculativeStrategy(target, MonotonicClock(), method="ngram", draft=draft)
-    declared, requests = TOOLS, REQUESTS
-    if args.tools == "spoken":
-        declared, requests = SPOKEN_TOOLS, [(s.text, s.call) for s in SPOKEN if s.kind == "tool"]
+    declared, requests = chosen(args.tools)
     print(f"target {args.target} ({target.precision}), draft {args.draft} ({draft.precision}); temperature 0; "
           f"tools ({args.tools}): {', '.join(t['name'] for t in declared)}; {len(requests)} requests\n")
     offered = [{"type": "function", "function": {k: v for k, v in t.items() if k != "type"}} for t in declared]
@@ -159,13 +164,14 @@ def main() -> None:
 
 def sampled(args: argparse.Namespace) -> None:
     """N replies at temperature 1.0 (top_k 0, top_p 1: the whole distribution) over the requests of
-    tool_set.py, each with a few words changed by the seed, with plain and n-gram decoding in turn."""
+    `--tools` (tool_set.py), each with a few words changed by the seed, with plain and n-gram decoding in turn."""
     import jsonschema
 
     print(f"CPU: {cpu.describe()}\n{args.threads} threads")
     lm = LlamaCppLM(resolve_gguf(args.target), threads=args.threads, context_tokens=2048, sequences=4,
                     name=args.target)
-    tools = parse_tools(TOOLS)
+    declared, requests = chosen(args.tools)
+    tools = parse_tools(declared)
     assert tools is not None
     schemas = {t.name: t.parameters for t in tools.tools}
     offered = [t.as_openai() for t in tools.tools]
@@ -173,7 +179,7 @@ def sampled(args: argparse.Namespace) -> None:
     strategy = SpeculativeStrategy(lm, MonotonicClock(), method="ngram")
     openers = ["", "Hi, ", "Hello there. ", "Um, ", "Quick question: ", "Sorry, ", "Good morning! ", "Yes, "]
     extra = ["Is it going to rain tomorrow?", "Tell me a joke.", "What's your name?", "Thanks, that's all."]
-    prompts = [r for r, _ in REQUESTS] + extra
+    prompts = [r for r, _ in requests] + extra
     counts = {"generations": 0, "calls": 0, "malformed": 0, "cut_at_limit": 0, "text_only": 0}
     failures: list[str] = []
     started = time.perf_counter()
@@ -227,6 +233,7 @@ def write_sampled(args: argparse.Namespace, precision: str, counts: dict[str, in
     Path(args.json).write_text(json.dumps({
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "cpu": cpu.describe(),
         "threads": args.threads, "model": args.target, "precision": precision, "max_tokens": args.max_tokens,
+        "tools": args.tools,
         "asked": args.sampled, "counts": counts, "failures": failures}, indent=1))
 
 
