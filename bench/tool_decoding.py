@@ -59,11 +59,12 @@ def reply(lm: CausalLM, strategy: SpeculativeStrategy, prompt: list[int], mode: 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, speculation=Speculation(method))
     guide = ToolGuide(lm, tools, 1, jump_forward=mode != "plain") if mode != "free" else None
     state = lm.new_state()
+    session = strategy.new_session() if method != "off" else None  # closed after: it holds a draft sequence
     try:
         lm.prefill(state, prompt[:-1])  # the prompt's cache, outside the clock
         stats = GenerationStats()
-        decoder = (PlainDecoder(lm, state, params, stats, guide) if method == "off"
-                   else strategy.new_session().decoder(state, params, stats, guide))
+        decoder = (PlainDecoder(lm, state, params, stats, guide) if session is None
+                   else session.decoder(state, params, stats, guide))
         loop = GenerationLoop(lm, decoder, prompt, params, stats)
         started = time.perf_counter()
         while not loop.done:
@@ -71,6 +72,8 @@ def reply(lm: CausalLM, strategy: SpeculativeStrategy, prompt: list[int], mode: 
         seconds = time.perf_counter() - started
     finally:
         lm.release(state)
+        if session is not None:
+            session.close()
     produced = loop.produced
     call: Any = None
     if guide is not None:
