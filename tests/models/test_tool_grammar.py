@@ -107,6 +107,12 @@ def matches(pattern: str, text: str) -> bool:
     return re.search(python, text, re.ASCII) is not None
 
 
+@pytest.mark.parametrize("pattern, anchored", [("a$", True), ("a\\$", False), ("a\\\\$", True), ("a", False),
+                                               ("$", True)])
+def test_only_an_unescaped_dollar_at_the_end_anchors(pattern: str, anchored: bool) -> None:
+    assert ends_anchored(pattern) is anchored  # the oracle below relies on it too
+
+
 @pytest.mark.parametrize("pattern", PATTERNS)
 @settings(max_examples=150, deadline=None)
 @given(text=st.text(alphabet='ab019:AZ-xz _"\\\n\té.', max_size=7))
