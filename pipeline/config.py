@@ -86,16 +86,15 @@ class EndpointingConfig(BaseModel):
 
 
 class AsrStageConfig(BaseModel):
-    partials: bool = Field(True, description="interim transcripts while the caller speaks over the bot (a word "
-                           "interrupts it, a cough or a backchannel does not)")
+    partials: bool = Field(True, description="interim transcripts while the caller speaks over the bot (shown, not "
+                           "trusted to decide a barge-in: Whisper misreads a word cut off mid-way)")
     partials_while_idle: bool = Field(
         False, description="interim transcripts also while the bot is silent: a live transcript, but a Whisper pass "
         "still running when the caller pauses delays the final one (on 2 cores, voice-to-voice p50 +120 ms, "
         "p95 +290 ms)")
     partial_interval_ms: int = Field(700, ge=100, description="new speech between interim transcripts")
     first_partial_ms: int = Field(
-        300, ge=100, description="speech before a turn's first interim transcript: early, so that speech over the "
-        "bot is known to be words (an interruption) or not (a cough, a backchannel) quickly")
+        300, ge=100, description="speech before a turn's first interim transcript")
     interim_beam_size: int = Field(
         1, ge=1, le=10, description="beam for interim transcripts (greedy: 14 % faster than beam 5 with "
         "whisper-tiny.en on machine A); the final one, made at the pause, uses asr.beam_size, since greedy search "
@@ -127,9 +126,9 @@ class SessionConfig(BaseModel):
     output_lead_ms: int = Field(300, ge=0, description="how far reply audio may run ahead of real time")
     apology: str = "Sorry, I'm having trouble answering right now. Could you say that again?"
     barge_in_max_hold_ms: int = Field(
-        1500, ge=0, description="while the bot talks, a caller's sound pauses its audio; a recognized word that is "
-        "not a backchannel interrupts it at once (from the first interim transcript, asr_stage.first_partial_ms), "
-        "a cough or a backchannel lets it go on, and speech that lasts this long interrupts it in any case")
+        1500, ge=0, description="while the bot talks, a caller's sound pauses its audio; at the caller's first pause "
+        "(endpointing.early_final_ms) or the end of the sound, a word that is not a backchannel interrupts it, a cough "
+        "or a backchannel lets it go on, and speech that lasts this long interrupts it in any case")
     backchannels: list[str] = Field(
         default_factory=lambda: ["mm-hmm", "mhm", "hmm", "mm", "uh-huh", "yeah", "yes", "yep", "okay", "ok", "right",
                                  "sure", "i see", "got it", "uh", "um"],

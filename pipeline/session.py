@@ -362,9 +362,9 @@ class Session:
                 self.turns.pop(event.turn_id, None)
                 return
         await self.outbound.send_event(event)
-        if (isinstance(event, TranscriptPartial) and self.pending_barge == event.turn_id
-                and not self._is_backchannel(event.text)):
-            await self._barge_in("a word")
+        # An interim transcript over the bot does not decide: Whisper reads a word cut off mid-way as
+        # another (whisper-tiny.en heard "Okay." cut at 300 ms as "Thank you."). The caller's first
+        # pause (whole words, TranscriptEarly), the end of the speech, or its length decides.
         if isinstance(event, TranscriptFinal) and self.pending_barge == event.turn_id:
             if self._is_backchannel(event.text):
                 self._let_go(event.turn_id, event.text)

@@ -24,6 +24,7 @@ from pipeline.events import (
     SpeechStopped,
     TranscriptEarly,
     TranscriptFinal,
+    TranscriptPartial,
 )
 from pipeline.session import Backends, PipelineConfig, Session
 from tests.pipeline.fakes import (
@@ -513,6 +514,38 @@ async def test_a_backchannel_whose_turn_ends_late_is_let_go_at_its_pause() -> No
     done = done_events(out)[0]
     assert done.status == "completed" and done.text == STORY, done
     assert any(isinstance(e, SpeechStarted) and e.turn_id == 2 for e in out.events)
+    assert len(llm.requests) == 1  # "yeah" got no reply of its own
+    await session.audio_in.put(None)
+    await task
+
+
+class MisreadingRecognizer(FakeRecognizer):
+    """A fake recognizer that reads every interim pass (beam 1) as "Thank you.", as whisper-tiny.en
+    read "Okay." cut off at 300 ms; the passes on whole words (at a pause, at the end) are scripted."""
+
+    def transcribe(self, audio: Audio, beam_size: int | None = None) -> str:
+        return "Thank you." if beam_size == 1 else super().transcribe(audio, beam_size)
+
+
+async def test_an_interim_transcript_over_the_bot_does_not_interrupt_it() -> None:
+    """A "yeah" over the bot that the interim pass misreads as words still lets the reply go on: the
+    transcript of the whole word, at the pause, decides."""
+    llm = FakeLLM([STORY])
+    session, out = make_session(llm, ["Tell me a story.", "yeah"])
+    session.backends = replace(session.backends, asr=MisreadingRecognizer(["Tell me a story.", "yeah"]))
+    session.config = replace(session.config, asr=AsrStageConfig(first_partial_ms=100, interim_beam_size=1))
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.4, False)
+    await out.wait(lambda: sum(len(a) for a in out.audio) >= 2 * 8000 * 0.3)
+    await speak(session, 0.3, True)  # "yeah", long enough for an interim pass
+    for _ in range(30):
+        await speak(session, 0.02, False)
+        await asyncio.sleep(0.02)
+    await out.wait(lambda: done_events(out), timeout=15)
+    done = done_events(out)[0]
+    assert done.status == "completed" and done.text == STORY, done
+    assert any(isinstance(e, TranscriptPartial) and e.text == "Thank you." for e in out.events)  # it was misread
     assert len(llm.requests) == 1  # "yeah" got no reply of its own
     await session.audio_in.put(None)
     await task
