@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from app.access import check_exposure
     from app.main import create_app
+    from app.security.access import check_exposure
     from app.settings import Settings
     from app.shutdown import serve
 

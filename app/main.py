@@ -14,13 +14,15 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from app import access, openai_api, phone_telnyx, phone_twilio, qa_api, qa_pages, ws_native
-from app.guard import Guard
-from app.limits import parse_networks
+from app import openai_api, qa_api, qa_pages
 from app.metrics_server import start_metrics_server
 from app.redact import install_log_redaction
 from app.runtime import Runtime
+from app.security import access
+from app.security.guard import Guard
+from app.security.limits import parse_networks
 from app.settings import Settings
+from app.transports import native, telnyx, twilio
 from core.clock import Clock, MonotonicClock
 from pipeline.session import Backends
 
@@ -36,8 +38,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         loading = asyncio.create_task(runtime.load())
-        phone_twilio.log_setup(runtime.settings)
-        phone_telnyx.log_setup(runtime.settings)
+        twilio.log_setup(runtime.settings)
+        telnyx.log_setup(runtime.settings)
         runtime.start_vllm_metrics()
         await runtime.open_store()
         server = runtime.settings.server
@@ -61,12 +63,12 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     if trusted:  # outside the guard: the guard sees the client a trusted proxy names, and its scheme
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=trusted)
     app.include_router(access.router)
-    app.include_router(ws_native.router)
+    app.include_router(native.router)
     app.include_router(openai_api.router)
     app.include_router(qa_api.router)
     app.include_router(qa_pages.router)
-    app.include_router(phone_twilio.router)
-    app.include_router(phone_telnyx.router)
+    app.include_router(twilio.router)
+    app.include_router(telnyx.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
     @app.get("/", include_in_schema=False)

@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import numpy as np
 
-from app.access import Tokens
 from app.metrics import Metrics
-from app.phone_tokens import StreamTokens
+from app.security.access import Tokens
 from app.settings import Settings
 from app.store import CallStore
 from app.store.traces import TurnTracer, make_tracer
+from app.transports.phone_tokens import StreamTokens
 from core.clock import Clock
 from core.errors import VoiceAgentError
 from models import registry

@@ -1,5 +1,5 @@
 """Fault injection, shared by tests/app/test_faults.py (which checks each outcome) and
-bench/faults.py (which times it). A call runs in-process through the real transport (Connection
+bench/faults.py (which times it). A call runs in-process through the real transport (native_call
 over a fake socket), the real session, the real OpenAI-compatible LLM backend talking HTTP to a
 scripted LLM server (FakeLLMServer), and the real call store (SQLite); the VAD, ASR and TTS are
 fakes (named as fakes), some of which raise on cue.
@@ -21,7 +21,7 @@ from typing import Any
 from app.runtime import Runtime
 from app.settings import ServerConfig, Settings
 from app.store.config import StorageConfig
-from app.ws_native import Connection
+from app.transports.native import native_call
 from core.clock import MonotonicClock
 from core.errors import EngineError
 from models.config import LlmConfig
@@ -149,7 +149,7 @@ class Caller:
 
     def __init__(self, runtime: Runtime) -> None:
         self.socket = FakeSocket()
-        self.connection = Connection(self.socket, runtime)  # type: ignore[arg-type]
+        self.connection = native_call(self.socket, runtime)  # type: ignore[arg-type]
         self.task = asyncio.create_task(self.connection.run())
         self.seen: list[tuple[float, Any]] = []
         self.socket.text(START)

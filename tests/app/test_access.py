@@ -18,9 +18,9 @@ import websockets
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from app import access as access_module
-from app.access import Access, AllowedHosts, Keys, Tokens, check_exposure, load_keys, origin_allowed
 from app.cli import main as cli_main
+from app.security import access as access_module
+from app.security.access import Access, AllowedHosts, Keys, Tokens, check_exposure, load_keys, origin_allowed
 from app.settings import ServerConfig
 from core.clock import FakeClock
 from core.errors import ConfigError

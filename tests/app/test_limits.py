@@ -15,7 +15,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from app.limits import OVERFLOW, CallCounter, RateLimiter, address_key, parse_networks
+from app.security.limits import OVERFLOW, CallCounter, RateLimiter, address_key, parse_networks
 from core.clock import FakeClock
 from core.errors import ConfigError
 from tests.app.live import fake_app, live

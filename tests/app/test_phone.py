@@ -1,4 +1,4 @@
-"""The phone transport (app/phone.py) with a fake socket and fake engines: reply audio goes out as
+"""The phone transport (app/transports/phone.py) with a fake socket and fake engines: reply audio goes out as
 20 ms mu-law frames with marks, echoed marks tell the session what was heard, a barge-in sends
 `clear` after the turn is finished (so the marks `clear` returns count for nothing), bad frames are
 logged and counted and the call goes on."""
@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.phone import PhoneCall
-from app.phone_wire import TELNYX, TWILIO, Dialect, mark_name, parse_mark
 from app.runtime import Runtime
 from app.settings import PhoneConfig, ServerConfig, Settings
+from app.transports.call import Call
+from app.transports.phone import phone_call
+from app.transports.phone_wire import TELNYX, TWILIO, Dialect, mark_name, parse_mark
 from core.clock import MonotonicClock
 from pipeline.audio import float_to_mulaw, mulaw_to_pcm16
 from pipeline.config import AsrStageConfig, EndpointingConfig, SessionConfig
@@ -84,7 +85,7 @@ class Line:
         await asyncio.wait_for(loop(), timeout)
 
 
-def session_history(call: PhoneCall) -> list[str]:
+def session_history(call: Call) -> list[str]:
     assert call.session is not None
     return [m.content for m in call.session.history]
 
@@ -93,7 +94,7 @@ async def test_reply_audio_goes_out_in_20_ms_mulaw_frames_with_marks() -> None:
     llm = FakeLLM(["One two three four five."])
     line = Line()
     rt = phone_runtime(llm, ["Count to five."])
-    call = PhoneCall(line.socket, rt, TWILIO)  # type: ignore[arg-type]
+    call = phone_call(line.socket, rt, TWILIO)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
     line.start(rt)
     line.speak(0.5, True)
@@ -124,7 +125,7 @@ async def test_echoed_marks_keep_the_heard_words_and_a_barge_in_clears_the_rest(
     llm = FakeLLM([STORY, "Okay."])
     line = Line()
     rt = phone_runtime(llm, ["Tell me a story.", "Stop."], output_lead_ms=1500)
-    call = PhoneCall(line.socket, rt, TWILIO)  # type: ignore[arg-type]
+    call = phone_call(line.socket, rt, TWILIO)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
     line.start(rt)
     line.speak(0.5, True)
@@ -158,7 +159,7 @@ async def test_echoed_marks_keep_the_heard_words_and_a_barge_in_clears_the_rest(
 async def test_bad_frames_are_counted_and_the_call_goes_on_until_too_many() -> None:
     rt = phone_runtime(FakeLLM([]), [], max_errors=6)
     line = Line()
-    call = PhoneCall(line.socket, rt, TWILIO)  # type: ignore[arg-type]
+    call = phone_call(line.socket, rt, TWILIO)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
     line.send("media", media={"payload": "AAAA"})  # before start
     line.start(rt)
@@ -184,7 +185,7 @@ async def test_a_telnyx_call_takes_snake_case_frames_and_its_keys() -> None:
     llm = FakeLLM(["You pressed nine."])
     line = Line(TELNYX)
     rt = phone_runtime(llm, [], dtmf_timeout_ms=200)
-    call = PhoneCall(line.socket, rt, TELNYX)  # type: ignore[arg-type]
+    call = phone_call(line.socket, rt, TELNYX)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
     line.start()
     line.send("media", media={"track": "outbound", "payload": "////"})  # the bot's own track: ignored
@@ -206,14 +207,14 @@ async def test_a_twilio_stream_without_the_nonce_of_its_twiml_is_refused(nonce: 
     if nonce == "used":
         nonce = rt.stream_nonces.issue("CA1")
         first = Line()
-        first_call = PhoneCall(first.socket, rt, TWILIO)  # type: ignore[arg-type]
+        first_call = phone_call(first.socket, rt, TWILIO)  # type: ignore[arg-type]
         first_runner = asyncio.create_task(first_call.run())
         first.start(nonce=nonce)
         await first.wait(lambda: first_call.session is not None)
         first.send("stop")
         await asyncio.wait_for(first_runner, 5)
     line = Line()
-    call = PhoneCall(line.socket, rt, TWILIO)  # type: ignore[arg-type]
+    call = phone_call(line.socket, rt, TWILIO)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
     line.start(nonce=nonce)
     await line.wait(lambda: line.socket.closed_with is not None)
@@ -227,7 +228,7 @@ async def test_a_twilio_stream_without_the_nonce_of_its_twiml_is_refused(nonce: 
 async def test_a_nonce_is_bound_to_its_call() -> None:
     rt = phone_runtime(FakeLLM([]), [])
     line = Line()
-    call = PhoneCall(line.socket, rt, TWILIO)  # type: ignore[arg-type]
+    call = phone_call(line.socket, rt, TWILIO)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
     line.start(nonce=rt.stream_nonces.issue("CA-another-call"))
     await line.wait(lambda: line.socket.closed_with is not None)
@@ -243,13 +244,13 @@ async def test_a_phone_socket_takes_its_slot_at_start_and_is_closed_without_one(
     rt.settings.server.max_sessions = 1
     rt.settings.server.start_timeout_s = 0.3
     idle = Line()
-    waiting = PhoneCall(idle.socket, rt, TWILIO)  # type: ignore[arg-type]
+    waiting = phone_call(idle.socket, rt, TWILIO)  # type: ignore[arg-type]
     idle_runner = asyncio.create_task(waiting.run())
     idle.send("connected")
     await asyncio.sleep(0.05)
     assert not rt.sessions  # connected, not started: no slot taken
     line = Line()
-    call = PhoneCall(line.socket, rt, TWILIO)  # type: ignore[arg-type]
+    call = phone_call(line.socket, rt, TWILIO)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
     line.start(rt)
     await line.wait(lambda: call.session is not None)
@@ -257,7 +258,7 @@ async def test_a_phone_socket_takes_its_slot_at_start_and_is_closed_without_one(
     await asyncio.wait_for(idle_runner, 5)  # the silent socket was closed at its start timeout
     assert idle.socket.closed_with == 1008 and "start" in (idle.socket.close_reason or "")
     busy = Line()
-    refused = PhoneCall(busy.socket, rt, TWILIO)  # type: ignore[arg-type]
+    refused = phone_call(busy.socket, rt, TWILIO)  # type: ignore[arg-type]
     busy_runner = asyncio.create_task(refused.run())
     busy.start(rt, call_sid="CA2")  # the one slot is taken: refused at its start
     await busy.wait(lambda: busy.socket.closed_with is not None)

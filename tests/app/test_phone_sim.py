@@ -53,7 +53,7 @@ async def served(llm: FakeLLM, finals: list[str], **more: object) -> AsyncIterat
 
 async def test_a_signed_call_plays_the_reply_in_real_time_and_echoes_its_marks(
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="app.phone")
+    caplog.set_level(logging.INFO, logger="app.transports.phone")
     async with served(FakeLLM(["One two three four five six seven eight."]), ["Count to eight."]) as host:
         for refused_call in (PhoneSim(f"ws://{host}/twilio/media"),  # unsigned: HTTP 403, no socket
                              PhoneSim(f"ws://{host}/telnyx/media", provider="telnyx", stream_token="guess")):

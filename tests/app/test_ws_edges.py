@@ -15,7 +15,8 @@ from starlette.websockets import WebSocketState
 
 from app.runtime import Runtime
 from app.settings import ServerConfig, Settings
-from app.ws_native import CLOSE_ERROR, CLOSE_POLICY, Connection
+from app.transports.call import CLOSE_ERROR, CLOSE_POLICY
+from app.transports.native import native_call
 from core.clock import MonotonicClock
 from models.protocols import Audio
 from pipeline.session import Backends
@@ -72,7 +73,7 @@ def runtime(vad: Any = None, **server: Any) -> Runtime:
 
 async def test_a_caller_who_stops_reading_is_dropped_after_the_send_timeout() -> None:
     socket = FakeSocket(reading=False)
-    connection = Connection(socket, runtime(send_timeout_s=0.3))  # type: ignore[arg-type]
+    connection = native_call(socket, runtime(send_timeout_s=0.3))  # type: ignore[arg-type]
     socket.text(START)  # the answer (session.started) can never be written
     await asyncio.wait_for(connection.run(), 3.0)  # ends by itself: the caller sends nothing more
     assert socket.closed_with == CLOSE_POLICY
@@ -86,7 +87,7 @@ class BrokenVad(FakeVad):
 
 async def test_a_crashed_session_is_reported_at_once() -> None:
     socket = FakeSocket()
-    connection = Connection(socket, runtime(vad=BrokenVad()))  # type: ignore[arg-type]
+    connection = native_call(socket, runtime(vad=BrokenVad()))  # type: ignore[arg-type]
     socket.text(START)  # then the caller only listens
     await asyncio.wait_for(connection.run(), 3.0)
     errors = [json.loads(m) for m in socket.sent if isinstance(m, str) and '"error"' in m]
@@ -115,7 +116,7 @@ def frames() -> Iterator[bytes]:
 
 async def test_the_audio_backlog_is_counted_in_samples(frames: bytes) -> None:
     socket = FakeSocket()
-    connection = Connection(socket, runtime(vad=SlowVad(), max_audio_backlog_ms=1000))  # type: ignore[arg-type]
+    connection = native_call(socket, runtime(vad=SlowVad(), max_audio_backlog_ms=1000))  # type: ignore[arg-type]
     runner = asyncio.create_task(connection.run())
     socket.text(START)
     for _ in range(6):  # 3 s of audio at once: over the 1 s backlog

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 
 from app.runtime import Runtime
 from app.settings import ServerConfig, Settings
-from app.ws_native import Connection
+from app.transports.native import native_call
 from core.clock import MonotonicClock
 from pipeline.config import AsrStageConfig, EndpointingConfig, SessionConfig
 from tests.app.fake_server import REPLY, fake_backends
@@ -82,7 +82,7 @@ class GoodCaller:
 
     def __init__(self, runtime: Runtime) -> None:
         self.socket = FakeSocket()
-        self.connection = Connection(self.socket, runtime)  # type: ignore[arg-type]
+        self.connection = native_call(self.socket, runtime)  # type: ignore[arg-type]
         self.replies: list[dict[str, Any]] = []
         self.stopped = asyncio.Event()
 

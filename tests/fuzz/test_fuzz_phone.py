@@ -1,5 +1,5 @@
 """Fuzzing the phone protocol (Twilio and Telnyx media streams): Dialect.parse alone, then the real
-PhoneCall (fake socket, fake engines, named as fakes) fed hostile frame sequences. A phone line takes
+phone_call (fake socket, fake engines, named as fakes) fed hostile frame sequences. A phone line takes
 no error messages: every bad frame is logged and counted in /metrics, the call goes on until
 server.max_protocol_errors, and a well-behaved /ws caller on the same runtime is still answered."""
 
@@ -15,8 +15,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from app.phone import PhoneCall
-from app.phone_wire import (
+from app.runtime import Runtime
+from app.transports.phone import phone_call
+from app.transports.phone_wire import (
     DTMF_DIGITS,
     TELNYX,
     TWILIO,
@@ -29,7 +30,6 @@ from app.phone_wire import (
     ProviderError,
     Stop,
 )
-from app.runtime import Runtime
 from core.errors import ProtocolError
 from tests.app.test_ws_edges import FakeSocket
 from tests.fuzz.harness import CASES, MAX_ERRORS, GoodCaller, Loop, fake_runtime, fuzz_settings
@@ -150,7 +150,7 @@ def with_nonces(runtime: Runtime, messages: list[tuple[str, Any]]) -> list[tuple
 
 def expected_errors(dialect: Dialect, messages: list[tuple[str, Any]], limit: int,
                     nonced: bool) -> tuple[int, bool]:
-    """How many errors the call must count (voice_agent_errors_total), following PhoneCall.handle:
+    """How many errors the call must count (voice_agent_errors_total), following PhoneWire.handle:
     each bad frame; a Twilio `start` without its TwiML's nonce (unless `nonced`), which starts no
     call; a provider's error report; and, at MAX_ERRORS bad frames, the closing too_many_errors.
     And whether a call began."""
@@ -184,7 +184,7 @@ def expected_errors(dialect: Dialect, messages: list[tuple[str, Any]], limit: in
 
 async def hostile_call(runtime: Runtime, dialect: Dialect, messages: list[tuple[str, Any]]) -> FakeSocket:
     socket = FakeSocket()
-    call = PhoneCall(socket, runtime, dialect)  # type: ignore[arg-type]
+    call = phone_call(socket, runtime, dialect)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
     for kind, payload in messages:
         socket.text(payload) if kind == "text" else socket.audio(payload)

@@ -103,7 +103,7 @@ GUARDED_PATHS = ["/api/calls", "/v1/models", "/qa", "/metrics", "/", "/api/auth"
 
 
 def loopback_name(host: str) -> bool:
-    """The spec, written apart from app/access.py: by default the server answers only to the loopback
+    """The spec, written apart from app/security/access.py: by default the server answers only to the loopback
     names (a port may follow; IPv6 in brackets; a trailing dot is the same name)."""
     host = host.strip().lower()
     if host.startswith("["):

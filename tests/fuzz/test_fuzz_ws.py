@@ -1,6 +1,7 @@
-"""Fuzzing the native /ws protocol: wire.parse_client_text alone, then the real Connection (fake
-socket, fake engines, named as fakes) fed hostile message sequences, frames before session.start
-and floods, while a well-behaved caller on the same runtime goes on being answered correctly."""
+"""Fuzzing the native /ws protocol: native_wire.parse_client_text alone, then the real native call
+(app/transports/native.py on the call runner; fake socket, fake engines, named as fakes) fed hostile
+message sequences, frames before session.start and floods, while a well-behaved caller on the same
+runtime goes on being answered correctly."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.runtime import Runtime
-from app.wire import OUTPUT_RATES, OutputAudioPlayed, SessionEnd, SessionStart, parse_client_text
-from app.ws_native import Connection
+from app.transports.native import native_call
+from app.transports.native_wire import OUTPUT_RATES, OutputAudioPlayed, SessionEnd, SessionStart, parse_client_text
 from core.errors import ProtocolError
 from pipeline.audio import SUPPORTED_INPUT_RATES
 from tests.app.test_ws_edges import FakeSocket
@@ -89,7 +90,7 @@ async def _make_caller(runtime: Runtime) -> GoodCaller:
 
 
 def expected_errors(runtime: Runtime, started: bool, messages: list[tuple[str, Any]]) -> list[str]:
-    """The error codes Connection.handle answers `messages` with, in order: one for each message that
+    """The error codes NativeWire.handle answers `messages` with, in order: one for each message that
     is bad on its own, nothing after session.end, and once server.max_protocol_errors are reached,
     `too_many_errors` and the end of the call."""
     server, codes = runtime.settings.server, []
@@ -127,7 +128,7 @@ def expected_errors(runtime: Runtime, started: bool, messages: list[tuple[str, A
 
 async def hostile_call(runtime: Runtime, start_first: bool, messages: list[tuple[str, Any]]) -> list[Any]:
     socket = FakeSocket()
-    connection = Connection(socket, runtime)  # type: ignore[arg-type]
+    connection = native_call(socket, runtime)  # type: ignore[arg-type]
     runner = asyncio.create_task(connection.run())
     if start_first:
         socket.text(START)

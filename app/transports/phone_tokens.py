@@ -1,4 +1,4 @@
-"""One-use stream tokens for Telnyx media sockets (the format is in app/phone_telnyx.py)."""
+"""One-use stream tokens for Telnyx media sockets (the format is in app/transports/telnyx.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The guard in front of every route, as plain ASGI middleware (docs/security.md).
 
 Every request: the Host it names must be one this server answers to (server.allowed_hosts and the
-defaults in app/access.py), else 400, or 403 before a WebSocket upgrade; only /healthz is exempt
+defaults in app/security/access.py), else 400, or 403 before a WebSocket upgrade; only /healthz is exempt
 (a probe names the pod's address, and the answer tells nothing). Paths are matched as Starlette
 routes them (without a root_path or a mount's prefix), and every path needs a key, when keys are
 set, but the few that are open by design (OPEN_PATHS: the page, its static files, health, the login
@@ -17,7 +17,7 @@ WebSocket `/ws`: a browser Origin that is not allowed is refused before the upgr
 key (Bearer header, or a one-use `?token=`) is accepted and closed with 1008 and a reason, so that a
 browser can read why; too many new connections or calls in progress from one client is accepted
 and closed with 1013 and a reason. A client is the API key the call was opened with, else the
-address (app/limits.py). The call's place in its client's count is handed to the route
+address (app/security/limits.py). The call's place in its client's count is handed to the route
 (`CLIENT_SLOT` in the scope), which gives it back the moment the caller hangs up.
 
 Phone media sockets (`/twilio/media`, `/telnyx/media`) carry the provider's own credentials, checked
@@ -38,8 +38,8 @@ from starlette.datastructures import Headers, QueryParams
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.access import CLIENT_KEY, LOGIN_COOKIE, Access, address_of, origin_allowed
-from app.limits import CallCounter, RateLimiter, Slot
+from app.security.access import CLIENT_KEY, LOGIN_COOKIE, Access, address_of, origin_allowed
+from app.security.limits import CallCounter, RateLimiter, Slot
 from app.settings import Settings
 from core.clock import Clock
 
@@ -54,7 +54,7 @@ OPEN_PATHS = frozenset({"/", "/healthz", "/api/auth", "/api/login", "/api/logout
 OPEN_PREFIXES = ("/static/",)
 PHONE_SOCKETS = frozenset({"/twilio/media", "/telnyx/media"})
 ANY_HOST = frozenset({"/healthz"})
-LOGIN_PAGE = Path(__file__).parent / "static" / "login.html"
+LOGIN_PAGE = Path(__file__).parents[1] / "static" / "login.html"
 KEY_HINT = "send Authorization: Bearer <key> (a key from server.api_keys)"
 WS_KEY_HINT = "needs a key: Authorization: Bearer <key>, or ?token= from POST /api/session-token"
 

@@ -4,7 +4,7 @@ the start-up check that keeps a server without keys on a loopback address.
 
 The routes here: `GET /api/auth` (open: are keys needed, is this caller in), `POST /api/login` and
 `POST /api/logout` (the cookie), `POST /api/session-token` (a key or the cookie; checked by the
-guard in app/guard.py like the rest of /api)."""
+guard in app/security/guard.py like the rest of /api)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.types import Scope
 
-from app.limits import RateLimiter, address_key
+from app.security.limits import RateLimiter, address_key
 from app.settings import ServerConfig
 from core.clock import Clock
 from core.errors import ConfigError

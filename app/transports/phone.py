@@ -1,0 +1,255 @@
+"""Phone calls over a provider's media WebSocket (Twilio Media Streams, Telnyx media streaming),
+shared by app/transports/twilio.py and app/transports/telnyx.py; docs/phone.md describes the setup.
+
+A call runs on the same call runner as the native socket (app/transports/call.py): the same
+admission, Session, VAD, ASR, LLM, TTS and latency marks; this module only translates the frames.
+The caller's 8 kHz mu-law is resampled to the VAD's rate; the reply comes out at 8 kHz, paced by the
+session as for the native socket, and is written as 20 ms mu-law `media` frames.
+
+What the caller heard: after every `phone.mark_interval_ms` of a reply's audio, and at its end, a
+`mark` named for the turn and the audio sent before it ("t3:1400"). The provider echoes a mark once
+that audio has played, and the echo goes to `Session.on_played`, as the native client's
+`output_audio.played` does. When the session cuts a reply short (a barge-in: its `response.done` says
+"interrupted"), the provider is told to `clear` the audio it still holds; it then returns the pending
+marks at once, for audio nobody heard. By then the session has finished that reply and kept its
+heard words, and it ignores reports about a turn it is not playing, so they count for nothing.
+
+Providers send no error messages and take none: a bad frame is logged (WARNING) and counted in
+/metrics (`voice_agent_errors_total{code}`), and the call goes on, until `server.max_protocol_errors`
+of them close it (1008, with the reason).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import WebSocket
+
+from app.metrics import Metrics
+from app.redact import mask_number
+from app.runtime import Runtime
+from app.settings import PhoneConfig
+from app.transports.call import CLOSE_NORMAL, CLOSE_POLICY, Call, Message, SocketWriter
+from app.transports.native_wire import event_json
+from app.transports.phone_wire import (
+    FRAME_SAMPLES,
+    SAMPLE_RATE,
+    CallStart,
+    Connected,
+    Dialect,
+    Dtmf,
+    Mark,
+    Media,
+    ProviderError,
+    Stop,
+    mark_name,
+    parse_mark,
+)
+from core.errors import ProtocolError
+from pipeline.audio import mulaw_to_float, pcm16_to_mulaw
+from pipeline.events import ErrorEvent, OutEvent, ResponseDone, SpeechStarted, TranscriptFinal
+
+log = logging.getLogger(__name__)
+NONCE_PARAMETER = "nonce"  # the TwiML <Parameter> that Twilio hands back in `start`
+
+
+class PhoneOutbound:
+    """The session's output as the provider's frames: reply audio as `media` with `mark`s, `clear`
+    after a barge-in. Events go to the log only: a phone line carries no text."""
+
+    def __init__(self, writer: SocketWriter, dialect: Dialect, phone: PhoneConfig, metrics: Metrics) -> None:
+        self.writer = writer
+        self.dialect = dialect
+        self.metrics = metrics
+        self.mark_every = max(1, phone.mark_interval_ms * SAMPLE_RATE // 1000)  # in samples
+        self.stream_id = ""
+        self.label = dialect.name  # "twilio CA..." once the call has started: every log line names the call
+        self.turn_id: int | None = None  # the reply whose audio is being sent
+        # the turn's samples sent, by every reply to it (a tool call's filler, then the answer): the
+        # marks count per turn, as the native client's played reports do
+        self.turn_sent = 0
+        self.counted_turn: int | None = None
+        self.turn_marked = 0  # its samples sent before the last mark
+
+    async def send_frame(self, frame: dict[str, Any]) -> None:
+        await self.writer.text(json.dumps(frame))
+
+    async def send_audio(self, pcm16: bytes, turn_id: int) -> None:
+        if turn_id != self.counted_turn:
+            self.counted_turn, self.turn_sent, self.turn_marked = turn_id, 0, 0
+        self.turn_id = turn_id
+        mulaw = pcm16_to_mulaw(pcm16)
+        for start in range(0, len(mulaw), FRAME_SAMPLES):
+            frame = mulaw[start:start + FRAME_SAMPLES]
+            await self.send_frame(self.dialect.media(self.stream_id, frame))
+            self.turn_sent += len(frame)
+            if self.turn_sent - self.turn_marked >= self.mark_every:
+                await self._mark()
+
+    async def _mark(self) -> None:
+        assert self.turn_id is not None
+        self.turn_marked = self.turn_sent
+        await self.send_frame(self.dialect.mark(self.stream_id, mark_name(self.turn_id,
+                                                                          self.turn_sent * 1000 // SAMPLE_RATE)))
+
+    async def send_event(self, event: OutEvent) -> None:
+        if isinstance(event, ResponseDone):
+            await self._reply_done(event)
+        elif isinstance(event, ErrorEvent):
+            self.metrics.error(event.code)
+            log.warning("%s: turn %s: %s: %s", self.label, event.turn_id, event.code, event.message)
+        elif isinstance(event, TranscriptFinal):
+            log.info("%s: turn %d: caller: %r", self.label, event.turn_id, event.text)
+        elif isinstance(event, SpeechStarted):
+            log.debug("%s: turn %d: the caller speaks", self.label, event.turn_id)
+
+    async def _reply_done(self, done: ResponseDone) -> None:
+        # The call's record of the turn, as the native socket sends it: what was kept (heard), marks.
+        log.info("%s: response.done %s", self.label, json.dumps(event_json(done)))
+        if done.turn_id != self.turn_id:
+            return  # no audio of it went out
+        if done.status == "interrupted":
+            # Drop what the provider still holds; the marks it returns for it come after the
+            # session finished the turn (it sent this event then), so they count for nothing.
+            await self.send_frame(self.dialect.clear(self.stream_id))
+            log.info("%s: turn %d interrupted: clear after %d ms of its audio", self.label, done.turn_id,
+                     self.turn_sent * 1000 // SAMPLE_RATE)
+        elif self.turn_sent > self.turn_marked:
+            await self._mark()  # the end of the reply's audio
+        self.turn_id = None
+
+
+class PhoneWire:
+    """A provider's frames to the call: `start` admits it, `media` is the caller's audio, `mark`
+    echoes are playback reports, `dtmf` keys go to the session, `stop` ends the call."""
+
+    def __init__(self, call: Call, dialect: Dialect) -> None:
+        self.call = call
+        self.dialect = dialect
+        self.phone = call.runtime.settings.phone
+        self.outbound = PhoneOutbound(call.writer, dialect, self.phone, call.runtime.metrics)
+
+    @property
+    def label(self) -> str:
+        return self.outbound.label
+
+    async def report(self, code: str, message: str) -> None:
+        """The provider has no error message: logged (and counted in /metrics by the call runner)."""
+        log.warning("%s: %s: %s", self.label, code, message)
+
+    async def goodbye(self) -> None:
+        """A phone line takes no text: the call is closed (1001) with the reason."""
+
+    async def handle(self, message: Message) -> bool:
+        call = self.call
+        if message.get("bytes") is not None:
+            await call.bad_message("binary_frame", f"a binary frame of {len(message['bytes'])} bytes; "
+                                   f"{self.dialect.name} sends JSON text frames only")
+            return True
+        text = message.get("text")
+        if text is None:
+            return True
+        if len(text) > self.phone.max_frame_bytes or len(text.encode()) > self.phone.max_frame_bytes:
+            await call.bad_message("frame_too_large", f"a text frame of {len(text.encode())} bytes; the limit is "
+                                   f"{self.phone.max_frame_bytes} (phone.max_frame_bytes)")
+            return True
+        try:
+            frame = self.dialect.parse(text, self.phone.max_media_payload_bytes)
+        except ProtocolError as exc:
+            await call.bad_message(exc.code, str(exc))
+            return True
+        if isinstance(frame, Media):
+            await self.handle_media(frame)
+        elif isinstance(frame, Mark):
+            self.handle_mark(frame.name)
+        elif isinstance(frame, Dtmf):
+            if call.session is None:
+                await call.bad_message("dtmf_before_start", "a dtmf event before start")
+            else:
+                log.info("%s: key %s", self.label, frame.digit)
+                await call.session.on_dtmf(frame.digit)
+        elif isinstance(frame, CallStart):
+            await self.start_call(frame)
+        elif isinstance(frame, Stop):
+            log.info("%s: stop: the call is over", self.label)
+            await call.stop_session()
+            await call.close(CLOSE_NORMAL)
+            return False
+        elif isinstance(frame, ProviderError):
+            call.runtime.metrics.error("provider_error")
+            log.warning("%s: %s reports an error: %s", self.label, self.dialect.name, frame.detail)
+        elif isinstance(frame, Connected):
+            log.debug("%s: connected", self.label)
+        return True
+
+    async def start_call(self, start: CallStart) -> None:
+        """The provider's `start`: the call is admitted here, not when the socket opened, so a socket
+        that never starts holds no call slot. A Twilio stream must hand back the one-use nonce of the
+        TwiML that opened it (app/transports/twilio.py): a captured stream replayed later is refused."""
+        call, runtime = self.call, self.call.runtime
+        if call.session is not None or call.call_log is not None:
+            await call.bad_message("already_started", "a second start event on this stream")
+            return
+        self.outbound.stream_id = start.stream_id
+        self.outbound.label = f"{self.dialect.name} {start.call_id}"
+        if not self._nonce_ok(start):
+            await call.tell("bad_nonce", "the stream did not come from this server's TwiML (its nonce is missing, "
+                            "used or expired)")
+            call.end_reason = "refused"
+            return await call.close(CLOSE_POLICY)
+        refused = call.admit()
+        if refused is not None:
+            await call.tell(refused.code, refused.message)
+            call.end_reason = "refused"
+            return await call.close(refused.close_code)
+        caller = start.parameters.get("From") or start.parameters.get("from")
+        # the server's own tools (tools.file): a phone call has no client that could run any
+        call.start_session(self.outbound, input_rate=SAMPLE_RATE, output_rate=SAMPLE_RATE,
+                           toolbox=runtime.toolbox(), caller=caller)
+        shown = {k: mask_number(v) if k.lower() in ("from", "to") else v for k, v in start.parameters.items()
+                 if k != NONCE_PARAMETER}
+        log.info("%s: call started (stream %s, %s)", self.label, start.stream_id, shown)
+
+    def _nonce_ok(self, start: CallStart) -> bool:
+        runtime = self.call.runtime
+        if self.dialect.name != "twilio" or not runtime.settings.twilio.check_signatures:
+            return True
+        nonce = start.parameters.get(NONCE_PARAMETER, "")
+        owner = runtime.stream_nonces.take(nonce) if nonce else None
+        return owner is not None and (not owner or owner == start.call_id)
+
+    async def handle_media(self, media: Media) -> None:
+        if self.call.session is None:
+            await self.call.bad_message("media_before_start", "a media event before start")
+            return
+        if media.track == "outbound" or not media.payload:  # Telnyx both_tracks also sends the bot's own audio
+            return
+        await self.call.feed(mulaw_to_float(media.payload))
+
+    def handle_mark(self, name: str) -> None:
+        played = parse_mark(name)
+        if played is None:
+            log.warning("%s: a mark the server did not send: %r", self.label, name[:80])
+            return
+        if self.call.session is not None:
+            self.call.session.on_played(*played)
+
+
+def phone_call(websocket: WebSocket, runtime: Runtime, dialect: Dialect) -> Call:
+    """A call on a provider's media stream (not yet admitted: it takes its slot at `start`)."""
+    return Call(websocket, runtime, dialect.name, lambda call: PhoneWire(call, dialect))
+
+
+async def deny(websocket: WebSocket) -> None:
+    """Refuse the upgrade with HTTP 403 and nothing else: a close before accept is answered so by
+    every ASGI server (the ASGI spec says so), and no socket is opened. (A denial response would
+    do the same, but uvicorn's websockets protocol then logs an ERROR for each refusal.)"""
+    await websocket.close(1008)
+
+
+async def serve_call(websocket: WebSocket, dialect: Dialect) -> None:
+    """Run one call on an authenticated provider socket. The call takes its slot at `start`
+    (PhoneWire.start_call); a socket that sends none within server.start_timeout_s is closed."""
+    await phone_call(websocket, websocket.app.state.runtime, dialect).serve(take_slot=False)
