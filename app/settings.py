@@ -166,6 +166,14 @@ class PhoneConfig(BaseModel):
         16000, ge=160, description="largest decoded audio payload of one media frame (2 s of 8 kHz mu-law)")
 
 
+class RealtimeConfig(BaseModel):
+    """The OpenAI Realtime API at /v1/realtime (docs/realtime.md)."""
+
+    max_event_bytes: int = Field(
+        1_048_576, ge=4096, description="largest client event (an input_audio_buffer.append of 1 MiB holds about "
+        "16 s of 24 kHz PCM16 in base64)")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VOICE_AGENT_", env_nested_delimiter="__", extra="ignore")
 
@@ -183,6 +191,7 @@ class Settings(BaseSettings):
     twilio: TwilioConfig = TwilioConfig()
     telnyx: TelnyxConfig = TelnyxConfig()
     phone: PhoneConfig = PhoneConfig()
+    realtime: RealtimeConfig = RealtimeConfig()
     storage: StorageConfig = StorageConfig()
     otel: OtelConfig = OtelConfig()
 

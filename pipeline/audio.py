@@ -36,6 +36,15 @@ def pcm16_to_mulaw(data: bytes) -> bytes:
     return audioop.lin2ulaw(data, 2)
 
 
+def alaw_to_pcm16(data: bytes) -> bytes:
+    """8-bit A-law bytes (G.711, PCMA) to little-endian PCM16."""
+    return audioop.alaw2lin(data, 2)
+
+
+def pcm16_to_alaw(data: bytes) -> bytes:
+    return audioop.lin2alaw(data, 2)
+
+
 def mulaw_to_float(data: bytes) -> Audio:
     return pcm16_to_float(mulaw_to_pcm16(data))
 

@@ -527,6 +527,38 @@ class Session:
         await self.outbound.send_event(TranscriptFinal(turn.turn_id, text, now))
         await self._start_reply(turn, text)  # not if the caller hung up meanwhile (_start_reply checks)
 
+    # -- turns a client asks for (the Realtime API's conversation.item.create and response.create) --
+    def set_instructions(self, text: str) -> None:
+        """The system prompt of the replies from now on."""
+        self.history[0] = ChatMessage("system", text)
+
+    async def on_text(self, text: str | None) -> int:
+        """A turn the client typed, or (None) a reply to the conversation as it stands: answered like
+        a spoken turn whose transcript is ready at once (its `speech_end` is now). It stops the
+        reply in progress. Returns the turn's id (0: the caller has gone)."""
+        if self.closed:
+            return 0
+        turn = Turn(next(self.turn_ids))
+        self.last_started = max(self.last_started, turn.turn_id)
+        now = self.clock.now()
+        turn.mark("speech_end", now)
+        turn.mark("asr_final", now)
+        turn.ended_at = now
+        self.turns[turn.turn_id] = turn
+        reply = self.reply
+        if reply is not None and reply.preemptive and not reply.confirmed.is_set():
+            await self._discard_preemptive(reply, "the client asked for a reply")  # nobody heard it
+        await self._start_reply(turn, text)
+        return turn.turn_id
+
+    async def cancel_reply(self) -> bool:
+        """The client stops the reply in progress (it ends `interrupted`, keeping what was heard);
+        False when none is in progress."""
+        if self.reply is None or not self.reply.confirmed.is_set():
+            return False
+        await self._barge_in("the client cancelled it")
+        return True
+
     def _tools(self, step: int) -> Tools | None:
         return self.toolbox.tools(step) if self.toolbox is not None else None
 

@@ -115,6 +115,10 @@ class Wire(Protocol):
         """Tell the caller what went wrong, in the wire's own way."""
         ...
 
+    async def greet(self) -> None:
+        """The call is admitted: the first words, if the wire has any."""
+        ...
+
     async def goodbye(self) -> None:
         """The server drains: the last words before the call is closed (1001)."""
         ...
@@ -137,6 +141,7 @@ class Call:
         self.call_log: CallLog | None = None  # the call's QA record, from its start
         self.agent_hung_up = asyncio.Event()  # set by end_call's hang-up
         self.opened = False  # holds a call slot (server.max_sessions)
+        self.started = False  # the caller started the call (else it is closed after server.start_timeout_s)
         self.errors = 0  # bad messages, up to server.max_protocol_errors
         self.reason = ""  # the last thing reported, for the close frame
         self.backlog_warned_at = -1e9
@@ -162,6 +167,7 @@ class Call:
             self.open()
         self.runtime.keep_call_task(asyncio.current_task())
         try:
+            await self.wire.greet()
             await self.run()
         except WebSocketDisconnect:
             pass
@@ -223,7 +229,7 @@ class Call:
                     await self.tell("session_expired", f"calls are limited to {self.settings.max_session_s:.0f} s")
                     self.end_reason = "expired"
                     return await self.close(CLOSE_NORMAL)
-                if self.session is None and self.call_log is None:
+                if not self.started:
                     if clock.now() >= start_by:
                         await self.tell("start_timeout", f"the call was not started within "
                                         f"{self.settings.start_timeout_s:g} s (server.start_timeout_s)")
@@ -309,6 +315,7 @@ class Call:
         """Start the call's session: its record, its resampler, its task."""
         runtime = self.runtime
         assert runtime.backends is not None and self.session is None
+        self.started = True
         self.resampler = StreamResampler(input_rate, runtime.backends.vad.sample_rate)
         self.call_log = CallLog(runtime, self.session_id, self.transport, caller=caller)
         self.session = Session(

@@ -66,6 +66,9 @@ class NativeWire:
     async def report(self, code: str, message: str) -> None:
         await self.call.writer.text(json.dumps(error_json(code, message)))
 
+    async def greet(self) -> None:
+        """Nothing: the caller speaks first (session.start / the provider's start)."""
+
     async def goodbye(self) -> None:
         await self.report("server_shutting_down", "the server is shutting down; please call again")
 

@@ -139,6 +139,9 @@ class PhoneWire:
         """The provider has no error message: logged (and counted in /metrics by the call runner)."""
         log.warning("%s: %s: %s", self.label, code, message)
 
+    async def greet(self) -> None:
+        """Nothing: the caller speaks first (session.start / the provider's start)."""
+
     async def goodbye(self) -> None:
         """A phone line takes no text: the call is closed (1001) with the reason."""
 

@@ -1,0 +1,185 @@
+"""The session's output as Realtime server events: the caller's speech and transcripts as
+`input_audio_buffer.*` and `conversation.item.*`, each reply as one response (`response.created`,
+an assistant message item with one audio content part, audio and transcript deltas, the `.done`
+events, `response.done`)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.metrics import Metrics
+from app.transports.call import SocketWriter
+from app.transports.realtime.protocol import Dialect, error_event, message_item, new_id
+from pipeline.audio import pcm16_to_alaw, pcm16_to_mulaw
+from pipeline.events import (
+    ErrorEvent,
+    OutEvent,
+    ReplyText,
+    ResponseDone,
+    SpeechStarted,
+    SpeechStopped,
+    TranscriptFinal,
+    TranscriptPartial,
+)
+
+log = logging.getLogger(__name__)
+STATUS = {"completed": "completed", "tool_calls": "completed", "interrupted": "cancelled", "failed": "failed"}
+
+
+@dataclass
+class Response:
+    """One reply going out: its response and item ids, the transcript and audio sent so far."""
+
+    id: str
+    item_id: str
+    turn_id: int
+    offset_ms: float  # the turn's audio sent before this reply (a tool call's filler)
+    transcript: list[str] = field(default_factory=list)
+    audio_bytes: int = 0
+
+
+class RealtimeOutbound:
+    def __init__(self, writer: SocketWriter, dialect: Dialect, metrics: Metrics, output_format: str,
+                 output_rate: int) -> None:
+        self.writer = writer
+        self.dialect = dialect
+        self.metrics = metrics
+        self.output_format = output_format
+        self.output_rate = output_rate
+        self.user_items: dict[int, str] = {}  # turn id -> the caller's message item
+        self.items: dict[str, dict[str, Any]] = {}  # item id -> item, for conversation.item.retrieve
+        self.item_turns: dict[str, tuple[int, float]] = {}  # assistant item -> (turn id, its audio's offset)
+        self.last_item: str | None = None
+        self.response: Response | None = None
+        self.turn_sent_ms: dict[int, float] = {}  # audio sent per turn, every reply to it
+        self.speech_ms: dict[int, list[float]] = {}  # turn id -> where its speech began and ended
+
+    async def send(self, ga_name: str, **fields: Any) -> None:
+        event = self.dialect.event(ga_name, **fields)
+        if event is not None:
+            await self.writer.text(json.dumps(event))
+
+    async def send_error(self, code: str, message: str, **kw: Any) -> None:
+        await self.writer.text(json.dumps(error_event(self.dialect, code, message, **kw)))
+
+    def user_item(self, turn_id: int) -> str:
+        return self.user_items.setdefault(turn_id, new_id("item"))
+
+    async def add_item(self, item: dict[str, Any]) -> None:
+        """An item joins the conversation (conversation.item.added, beta .created)."""
+        previous, self.last_item = self.last_item, item["id"]
+        self.items[item["id"]] = item
+        await self.send("conversation.item.added", previous_item_id=previous, item=item)
+
+    # -- the Session's Outbound ----------------------------------------------------------------------
+    async def send_event(self, event: OutEvent) -> None:
+        if isinstance(event, SpeechStarted):
+            self.speech_ms[event.turn_id] = [event.audio_ms, event.audio_ms]
+            await self.send("input_audio_buffer.speech_started", audio_start_ms=int(event.audio_ms),
+                            item_id=self.user_item(event.turn_id))
+        elif isinstance(event, SpeechStopped):
+            item_id = self.user_item(event.turn_id)
+            self.speech_ms.setdefault(event.turn_id, [event.audio_ms, event.audio_ms])[1] = event.audio_ms
+            await self.send("input_audio_buffer.speech_stopped", audio_end_ms=int(event.audio_ms), item_id=item_id)
+            await self.send("input_audio_buffer.committed", item_id=item_id, previous_item_id=self.last_item)
+            await self.add_item(message_item(item_id, "user", "completed", [{"type": "input_audio",
+                                                                             "transcript": None}]))
+        elif isinstance(event, TranscriptPartial):
+            await self.send("conversation.item.input_audio_transcription.delta", item_id=self.user_item(event.turn_id),
+                            content_index=0, delta=event.text)
+        elif isinstance(event, TranscriptFinal):
+            await self._transcript(event)
+        elif isinstance(event, ReplyText):
+            response = await self._open(event.turn_id)
+            response.transcript.append(event.text)
+            await self.send("response.output_audio_transcript.delta", **self._where(response), delta=event.text)
+        elif isinstance(event, ResponseDone):
+            await self._done(event)
+        elif isinstance(event, ErrorEvent):
+            self.metrics.error(event.code)
+            await self.send_error(event.code, event.message, kind="server_error")
+
+    async def send_audio(self, pcm16: bytes, turn_id: int) -> None:
+        response = await self._open(turn_id)
+        data = (pcm16 if self.output_format == "pcm" else
+                pcm16_to_mulaw(pcm16) if self.output_format == "pcmu" else pcm16_to_alaw(pcm16))
+        response.audio_bytes += len(data)
+        samples = len(pcm16) // 2
+        self.turn_sent_ms[turn_id] = self.turn_sent_ms.get(turn_id, 0.0) + 1000 * samples / self.output_rate
+        await self.send("response.output_audio.delta", **self._where(response),
+                        delta=base64.b64encode(data).decode())
+
+    # -- the pieces ----------------------------------------------------------------------------------
+    async def _transcript(self, event: TranscriptFinal) -> None:
+        item_id = self.user_items.get(event.turn_id)
+        if item_id is None or item_id not in self.items:
+            return  # a turn the client typed: its item was added when the client created it
+        start, end = self.speech_ms.pop(event.turn_id, (0.0, 0.0))
+        seconds = round(max(0.0, end - start) / 1000, 3)
+        await self.send("conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0,
+                        transcript=event.text, usage={"type": "duration", "seconds": seconds})
+        item = message_item(item_id, "user", "completed", [{"type": "input_audio", "transcript": event.text}])
+        self.items[item_id] = item
+        await self.send("conversation.item.done", item=item)
+
+    def _where(self, response: Response) -> dict[str, Any]:
+        return {"response_id": response.id, "item_id": response.item_id, "output_index": 0, "content_index": 0}
+
+    async def _open(self, turn_id: int) -> Response:
+        """The response this turn's output belongs to, started with its first text or audio."""
+        if self.response is not None and self.response.turn_id == turn_id:
+            return self.response
+        response = Response(new_id("resp"), new_id("item"), turn_id, self.turn_sent_ms.get(turn_id, 0.0))
+        self.response = response
+        self.item_turns[response.item_id] = (turn_id, response.offset_ms)
+        await self.send("response.created", response={"id": response.id, "object": "realtime.response",
+                                                      "status": "in_progress", "output": [], **self._modalities()})
+        item = message_item(response.item_id, "assistant", "in_progress", [])
+        await self.send("response.output_item.added", response_id=response.id, output_index=0, item=item)
+        await self.add_item(item)
+        await self.send("response.content_part.added", **self._where(response),
+                        part={"type": "audio", "transcript": ""})
+        return response
+
+    def _modalities(self) -> dict[str, Any]:
+        return {"modalities": ["audio", "text"]} if self.dialect.beta else {"output_modalities": ["audio"]}
+
+    async def _done(self, done: ResponseDone) -> None:
+        response = await self._open(done.turn_id)  # a reply stopped before it said anything: an empty one
+        self.response = None
+        status = STATUS.get(done.status, "completed")
+        where = self._where(response)
+        await self.send("response.output_audio.done", **where)
+        await self.send("response.output_audio_transcript.done", **where, transcript=done.text)
+        await self.send("response.content_part.done", **where, part={"type": "audio", "transcript": done.text})
+        item = message_item(response.item_id, "assistant", "completed" if status == "completed" else "incomplete",
+                            [self.dialect.audio_part(done.text)])
+        self.items[response.item_id] = item
+        await self.send("response.output_item.done", response_id=response.id, output_index=0, item=item)
+        await self.send("conversation.item.done", item=item)
+        details: dict[str, Any] | None = None
+        if status == "cancelled":
+            details = {"type": "cancelled", "reason": "turn_detected"}
+        elif status == "failed":
+            details = {"type": "failed", "error": {"type": "server_error", "code": done.error or "failed"}}
+        stats = done.stats
+        usage = {
+            "total_tokens": (stats.prompt_tokens + stats.completion_tokens) if stats else 0,
+            "input_tokens": stats.prompt_tokens if stats else 0,
+            "output_tokens": stats.completion_tokens if stats else 0,
+            "input_token_details": {"text_tokens": stats.prompt_tokens if stats else 0, "audio_tokens": 0,
+                                    "cached_tokens": (stats.prompt_tokens - stats.prefill_tokens) if stats else 0},
+            "output_token_details": {"text_tokens": stats.completion_tokens if stats else 0, "audio_tokens": 0},
+        }
+        await self.send("response.done", response={
+            "id": response.id, "object": "realtime.response", "status": status, "status_details": details,
+            "output": [item], "usage": usage, **self._modalities(),
+            # this server's own figures, in a field OpenAI's clients ignore (docs/realtime.md)
+            "voice_agent": {"turn_id": done.turn_id, "latency_ms": done.latency_ms,
+                            "voice_to_voice_ms": done.voice_to_voice_ms, "deadline_missed": done.deadline_missed,
+                            "underruns": done.underruns, "llm": stats.as_dict() if stats else {}},
+        })

@@ -1,0 +1,174 @@
+"""A Realtime session's settings: read from `session.update` (GA or beta shape), checked, and
+written back in `session.created` / `session.updated`.
+
+What the server cannot do yet is refused with a clear error rather than silently ignored: the
+client would otherwise believe it got what it asked for (see docs/realtime.md's table)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from app.transports.realtime.protocol import BETA_FORMATS, FORMAT_RATES, GA_FORMATS, new_id
+
+TURN_DETECTIONS = ("server_vad", "semantic_vad")
+
+
+class SettingsError(ValueError):
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+@dataclass(frozen=True)
+class RealtimeSettings:
+    model: str
+    instructions: str = ""
+    input_format: str = "pcm"  # pcm (24 kHz PCM16), pcmu, pcma (8 kHz G.711)
+    output_format: str = "pcm"
+    voice: str = "alloy"  # echoed: the server speaks with its own TTS voice (tts.voice)
+    turn_detection: dict[str, Any] = field(default_factory=lambda: {
+        "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
+        "create_response": True, "interrupt_response": True, "idle_timeout_ms": None})
+    transcription: dict[str, Any] | None = None  # echoed: the server transcribes with its own Whisper
+    id: str = field(default_factory=lambda: new_id("sess"))
+
+    @property
+    def input_rate(self) -> int:
+        return FORMAT_RATES[self.input_format]
+
+    @property
+    def output_rate(self) -> int:
+        return FORMAT_RATES[self.output_format]
+
+    def updated(self, session: Any, beta: bool) -> RealtimeSettings:
+        """These settings with a client's `session` object applied; SettingsError when it asks for
+        something this server does not do."""
+        if not isinstance(session, dict):
+            raise SettingsError("invalid_value", "session must be an object", "session")
+        return _beta_update(self, session) if beta else _ga_update(self, session)
+
+    def as_ga(self) -> dict[str, Any]:
+        formats = {v: k for k, v in GA_FORMATS.items()}
+
+        def fmt(name: str) -> dict[str, Any]:
+            return {"type": formats[name], **({"rate": 24000} if name == "pcm" else {})}
+
+        return {
+            "type": "realtime", "object": "realtime.session", "id": self.id, "model": self.model,
+            "output_modalities": ["audio"], "instructions": self.instructions,
+            "audio": {
+                "input": {"format": fmt(self.input_format), "transcription": self.transcription,
+                          "noise_reduction": None, "turn_detection": self.turn_detection},
+                "output": {"format": fmt(self.output_format), "voice": self.voice, "speed": 1.0},
+            },
+            "tools": [], "tool_choice": "auto", "max_output_tokens": "inf",
+        }
+
+    def as_beta(self) -> dict[str, Any]:
+        formats = {v: k for k, v in BETA_FORMATS.items()}
+        return {
+            "object": "realtime.session", "id": self.id, "model": self.model, "modalities": ["audio", "text"],
+            "instructions": self.instructions, "voice": self.voice,
+            "input_audio_format": formats[self.input_format], "output_audio_format": formats[self.output_format],
+            "input_audio_transcription": self.transcription, "turn_detection": self.turn_detection,
+            "tools": [], "tool_choice": "auto", "max_response_output_tokens": "inf",
+        }
+
+
+def _ga_update(current: RealtimeSettings, session: dict[str, Any]) -> RealtimeSettings:
+    kind = session.get("type", "realtime")
+    if kind != "realtime":
+        raise SettingsError("invalid_value", f"session.type {kind!r}: only 'realtime' sessions are served here "
+                            "(transcription sessions are not)", "session.type")
+    _modalities(session.get("output_modalities"), "session.output_modalities")
+    new = _common(current, session)
+    audio = session.get("audio") or {}
+    if not isinstance(audio, dict):
+        raise SettingsError("invalid_value", "session.audio must be an object", "session.audio")
+    audio_in, audio_out = audio.get("input") or {}, audio.get("output") or {}
+    if "format" in audio_in:
+        new = replace(new, input_format=_ga_format(audio_in["format"], "session.audio.input.format"))
+    if "format" in audio_out:
+        new = replace(new, output_format=_ga_format(audio_out["format"], "session.audio.output.format"))
+    if "turn_detection" in audio_in:
+        new = replace(new, turn_detection=_turn_detection(audio_in["turn_detection"], new.turn_detection,
+                                                          "session.audio.input.turn_detection"))
+    if "transcription" in audio_in:
+        new = replace(new, transcription=audio_in["transcription"])
+    if isinstance(audio_out.get("voice"), str | dict):
+        voice = audio_out["voice"]
+        new = replace(new, voice=voice if isinstance(voice, str) else str(voice.get("id", "")))
+    return new
+
+
+def _beta_update(current: RealtimeSettings, session: dict[str, Any]) -> RealtimeSettings:
+    modalities = session.get("modalities")
+    if modalities is not None and "audio" not in modalities:
+        _modalities(modalities, "session.modalities")
+    new = _common(current, session)
+    for key, attr in (("input_audio_format", "input_format"), ("output_audio_format", "output_format")):
+        if key in session:
+            name = session[key]
+            if name not in BETA_FORMATS:
+                raise SettingsError("invalid_value", f"session.{key} {name!r}: one of {sorted(BETA_FORMATS)}",
+                                    f"session.{key}")
+            new = replace(new, input_format=BETA_FORMATS[name]) if attr == "input_format" else replace(
+                new, output_format=BETA_FORMATS[name])
+    if "turn_detection" in session:
+        new = replace(new, turn_detection=_turn_detection(session["turn_detection"], new.turn_detection,
+                                                          "session.turn_detection"))
+    if "input_audio_transcription" in session:
+        new = replace(new, transcription=session["input_audio_transcription"])
+    if isinstance(session.get("voice"), str):
+        new = replace(new, voice=session["voice"])
+    return new
+
+
+def _common(current: RealtimeSettings, session: dict[str, Any]) -> RealtimeSettings:
+    new = current
+    if "model" in session and isinstance(session["model"], str):
+        new = replace(new, model=session["model"])
+    if "instructions" in session:
+        if not isinstance(session["instructions"], str):
+            raise SettingsError("invalid_value", "session.instructions must be a string", "session.instructions")
+        new = replace(new, instructions=session["instructions"])
+    if session.get("tools"):
+        raise SettingsError("unsupported", "function calls over /v1/realtime are not served yet (use /ws or "
+                            "/v1/chat/completions for tools); send tools: []", "session.tools")
+    return new
+
+
+def _modalities(modalities: Any, param: str) -> None:
+    if modalities is None or modalities == ["audio"] or sorted(modalities) == ["audio", "text"]:
+        return
+    raise SettingsError("unsupported", f"{param} {modalities!r}: only audio replies (with their transcript) are "
+                        "served yet", param)
+
+
+def _ga_format(value: Any, param: str) -> str:
+    if not isinstance(value, dict) or value.get("type") not in GA_FORMATS:
+        raise SettingsError("invalid_value", f"{param}: type must be one of {sorted(GA_FORMATS)}", param)
+    name = GA_FORMATS[value["type"]]
+    rate = value.get("rate")
+    if rate is not None and rate != FORMAT_RATES[name]:
+        raise SettingsError("invalid_value", f"{param}: {value['type']} is {FORMAT_RATES[name]} Hz, not {rate}",
+                            f"{param}.rate")
+    return name
+
+
+def _turn_detection(value: Any, current: dict[str, Any], param: str) -> dict[str, Any]:
+    if value is None:
+        raise SettingsError("unsupported", f"{param} null (the client commits turns) is not served yet: the "
+                            "server's own end-of-turn detection decides; use server_vad or semantic_vad", param)
+    if not isinstance(value, dict) or value.get("type") not in TURN_DETECTIONS:
+        raise SettingsError("invalid_value", f"{param}.type must be one of {list(TURN_DETECTIONS)}", f"{param}.type")
+    for flag in ("create_response", "interrupt_response"):
+        if value.get(flag) is False:
+            raise SettingsError("unsupported", f"{param}.{flag} false is not served yet: the server answers "
+                                "every turn and stops its reply when the caller speaks over it", f"{param}.{flag}")
+    kept = {k: v for k, v in current.items() if k != "type" and k != "eagerness"}
+    if value["type"] == "semantic_vad":
+        kept = {"create_response": True, "interrupt_response": True, "eagerness": "auto"}
+    return {**kept, **value, "create_response": True, "interrupt_response": True}

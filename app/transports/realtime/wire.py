@@ -1,0 +1,257 @@
+"""The OpenAI Realtime API at /v1/realtime (docs/realtime.md): client events to the call runner.
+
+The session's settings are the client's until its first audio or response: then the pipeline's
+Session starts with them (the audio formats fix its rates). GA event names by default, the beta
+ones when the client sent `OpenAI-Beta: realtime=v1`. A bad event gets OpenAI's `error` event,
+naming the client's `event_id`, and the call goes on (the call runner closes it after
+server.max_protocol_errors of them)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from typing import Any
+
+from fastapi import APIRouter, WebSocket
+
+from app.runtime import Runtime
+from app.transports.call import Call, Message
+from app.transports.realtime.outbound import RealtimeOutbound
+from app.transports.realtime.protocol import Dialect, error_event, message_item, new_id
+from app.transports.realtime.settings import RealtimeSettings, SettingsError
+from pipeline.audio import alaw_to_pcm16, mulaw_to_pcm16, pcm16_to_float
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+PATH = "/v1/realtime"
+
+
+class RealtimeError(Exception):
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+class RealtimeWire:
+    def __init__(self, call: Call, dialect: Dialect, model: str) -> None:
+        self.call = call
+        self.dialect = dialect
+        self.label = call.session_id
+        self.settings = RealtimeSettings(model=model, id=call.session_id)
+        self.outbound: RealtimeOutbound | None = None
+        self.pending_text: list[str] = []  # user text items not yet answered (response.create answers them)
+        self.event_id: str | None = None  # the client event being handled, for its error
+        self.param: str | None = None  # the field it got wrong
+        self.limit = call.runtime.settings.realtime.max_event_bytes
+
+    # -- the call runner's Wire ----------------------------------------------------------------------
+    async def report(self, code: str, message: str) -> None:
+        await self.call.writer.text(json.dumps(error_event(self.dialect, code, message, param=self.param,
+                                                           event_id=self.event_id)))
+
+    async def goodbye(self) -> None:
+        await self.report("server_shutting_down", "the server is shutting down; please reconnect")
+
+    async def greet(self) -> None:
+        """The call is admitted: the session exists for the client from now on (session.created)."""
+        self.call.started = True
+        await self._send("session.created", session=self._session_json())
+
+    async def handle(self, message: Message) -> bool:
+        self.event_id = self.param = None
+        text = message.get("text")
+        if text is None:
+            if message.get("bytes") is not None:
+                await self.call.bad_message("binary_frame", "binary frames are not part of the Realtime "
+                                            "API: send input_audio_buffer.append with base64 audio")
+            return True
+        if len(text) > self.limit or len(text.encode()) > self.limit:
+            await self.call.bad_message("event_too_large", f"client events are limited to {self.limit} bytes "
+                                        "(realtime.max_event_bytes); send audio in smaller appends")
+            return True
+        try:
+            event = json.loads(text)
+        except json.JSONDecodeError as exc:
+            await self.call.bad_message("invalid_json", f"the event is not JSON: {exc.msg} at {exc.pos}")
+            return True
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            await self.call.bad_message("invalid_event", "an event is a JSON object with a string `type`")
+            return True
+        if isinstance(event.get("event_id"), str):
+            self.event_id = event["event_id"][:200]
+        handler = HANDLERS.get(event["type"])
+        if handler is None:
+            await self._refuse("invalid_event", f"unknown event type {event['type'][:80]!r}", "type")
+            return True
+        try:
+            await handler(self, event)
+        except RealtimeError as exc:
+            await self._refuse(exc.code, str(exc), exc.param)
+        except SettingsError as exc:
+            await self._refuse(exc.code, str(exc), exc.param)
+        return True
+
+    async def _refuse(self, code: str, message: str, param: str | None) -> None:
+        self.param = param
+        await self.call.bad_message(code, message)
+
+    # -- client events -------------------------------------------------------------------------------
+    async def session_update(self, event: dict[str, Any]) -> None:
+        new = self.settings.updated(event.get("session"), self.dialect.beta)
+        if self.outbound is not None and (new.input_format, new.output_format) != (
+                self.settings.input_format, self.settings.output_format):
+            raise RealtimeError("unsupported", "the audio formats cannot change once audio has been sent or a "
+                                "response made; open a new session", "session.audio")
+        if self.call.session is not None and new.instructions != self.settings.instructions:
+            self.call.session.set_instructions(new.instructions or self._default_prompt())
+        self.settings = new
+        await self._send("session.updated", session=self._session_json())
+
+    async def audio_append(self, event: dict[str, Any]) -> None:
+        audio = event.get("audio")
+        if not isinstance(audio, str):
+            raise RealtimeError("invalid_value", "input_audio_buffer.append needs `audio`: base64 audio", "audio")
+        try:
+            data = base64.b64decode(audio, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise RealtimeError("invalid_value", f"`audio` is not base64: {exc}", "audio") from exc
+        fmt = self.settings.input_format
+        if fmt == "pcm" and len(data) % 2:
+            raise RealtimeError("invalid_value", f"audio/pcm is 16-bit: {len(data)} bytes is not a whole sample",
+                                "audio")
+        self._start()
+        if data:
+            pcm = data if fmt == "pcm" else mulaw_to_pcm16(data) if fmt == "pcmu" else alaw_to_pcm16(data)
+            await self.call.feed(pcm16_to_float(pcm))
+
+    async def audio_commit(self, event: dict[str, Any]) -> None:
+        raise RealtimeError("unsupported", "the server commits the caller's audio itself at the end of their speech "
+                            f"({self.settings.turn_detection['type']}); a client commit (turn_detection null) is "
+                            "not served yet")
+
+    async def audio_clear(self, event: dict[str, Any]) -> None:
+        raise RealtimeError("unsupported", "input_audio_buffer.clear is not served yet: the server's turn "
+                            "detection owns the audio it has been sent")
+
+    async def item_create(self, event: dict[str, Any]) -> None:
+        item = event.get("item")
+        if not isinstance(item, dict):
+            raise RealtimeError("invalid_value", "conversation.item.create needs an `item` object", "item")
+        if item.get("type") != "message" or item.get("role") != "user":
+            raise RealtimeError("unsupported", "only user messages can be added yet (not "
+                                f"{item.get('type')!r} items of role {item.get('role')!r})", "item.type")
+        content = item.get("content")
+        if not isinstance(content, list) or not content:
+            raise RealtimeError("invalid_value", "a message needs `content`: a list of parts", "item.content")
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "input_text" or not isinstance(part.get("text"), str):
+                raise RealtimeError("unsupported", "a user message's parts must be input_text (audio and images in "
+                                    "items are not served yet)", "item.content")
+            texts.append(part["text"])
+        text = " ".join(texts).strip()
+        limit = self.call.runtime.settings.session.max_instructions_chars
+        if len(text) > limit:
+            raise RealtimeError("invalid_value", f"a message is limited to {limit} characters", "item.content")
+        self._start()
+        given = item.get("id")
+        item_id = given[:64] if isinstance(given, str) and given else new_id("item")
+        assert self.outbound is not None
+        added = message_item(item_id, "user", "completed", [{"type": "input_text", "text": text}])
+        await self.outbound.add_item(added)
+        await self._send("conversation.item.done", item=added)
+        self.pending_text.append(text)
+
+    async def item_retrieve(self, event: dict[str, Any]) -> None:
+        item = self.outbound.items.get(str(event.get("item_id"))) if self.outbound is not None else None
+        if item is None:
+            raise RealtimeError("item_not_found", f"no item {str(event.get('item_id'))[:80]!r} in this conversation",
+                                "item_id")
+        await self._send("conversation.item.retrieved", item=item)
+
+    async def item_truncate(self, event: dict[str, Any]) -> None:
+        item_id, end = event.get("item_id"), event.get("audio_end_ms")
+        if not isinstance(end, int) or isinstance(end, bool) or end < 0:
+            raise RealtimeError("invalid_value", "audio_end_ms must be a whole number of ms, 0 or more", "audio_end_ms")
+        placed = self.outbound.item_turns.get(str(item_id)) if self.outbound is not None else None
+        if placed is None:
+            raise RealtimeError("item_not_found", f"no assistant audio item {str(item_id)[:80]!r}", "item_id")
+        turn_id, offset_ms = placed
+        assert self.call.session is not None
+        self.call.session.on_played(turn_id, offset_ms + end)  # what was heard, as a native playback report
+        await self._send("conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=end)
+
+    async def response_create(self, event: dict[str, Any]) -> None:
+        asked = event.get("response") or {}
+        if not isinstance(asked, dict):
+            raise RealtimeError("invalid_value", "`response` must be an object", "response")
+        unsupported = sorted(k for k, v in asked.items() if v not in (None, [], "auto") and k not in ("metadata",))
+        if unsupported:
+            raise RealtimeError("unsupported", f"response.create with {', '.join(unsupported)} is not served yet: "
+                                "a response answers the conversation with the session's settings", "response")
+        self._start()
+        text = " ".join(self.pending_text).strip() or None
+        self.pending_text.clear()
+        assert self.call.session is not None
+        await self.call.session.on_text(text)
+
+    async def response_cancel(self, event: dict[str, Any]) -> None:
+        session = self.call.session
+        if session is None or not await session.cancel_reply():
+            raise RealtimeError("response_cancel_not_active", "no response is in progress to cancel")
+
+    # -- helpers -------------------------------------------------------------------------------------
+    async def _send(self, ga_name: str, **fields: Any) -> None:
+        event = self.dialect.event(ga_name, **fields)
+        if event is not None:
+            await self.call.writer.text(json.dumps(event))
+
+    def _session_json(self) -> dict[str, Any]:
+        return self.settings.as_beta() if self.dialect.beta else self.settings.as_ga()
+
+    def _default_prompt(self) -> str:
+        return self.call.runtime.settings.session.system_prompt
+
+    def _start(self) -> None:
+        """The pipeline's Session, started with the settings as they are now."""
+        if self.call.session is not None:
+            return
+        runtime = self.call.runtime
+        settings = self.settings
+        self.outbound = RealtimeOutbound(self.call.writer, self.dialect, runtime.metrics, settings.output_format,
+                                         settings.output_rate)
+        client = getattr(self.call.websocket, "client", None)
+        self.call.start_session(self.outbound, input_rate=settings.input_rate, output_rate=settings.output_rate,
+                                toolbox=runtime.toolbox(), system_prompt=settings.instructions or None,
+                                caller=client.host if client else None)
+        log.info("%s started (%s in, %s out, %s)", self.label, settings.input_format, settings.output_format,
+                 settings.turn_detection["type"])
+
+
+HANDLERS = {
+    "session.update": RealtimeWire.session_update,
+    "input_audio_buffer.append": RealtimeWire.audio_append,
+    "input_audio_buffer.commit": RealtimeWire.audio_commit,
+    "input_audio_buffer.clear": RealtimeWire.audio_clear,
+    "conversation.item.create": RealtimeWire.item_create,
+    "conversation.item.retrieve": RealtimeWire.item_retrieve,
+    "conversation.item.truncate": RealtimeWire.item_truncate,
+    "response.create": RealtimeWire.response_create,
+    "response.cancel": RealtimeWire.response_cancel,
+}
+
+
+def realtime_call(websocket: WebSocket, runtime: Runtime, beta: bool, model: str) -> Call:
+    return Call(websocket, runtime, "realtime", lambda call: RealtimeWire(call, Dialect(beta), model))
+
+
+@router.websocket(PATH)
+async def realtime_endpoint(websocket: WebSocket) -> None:
+    runtime: Runtime = websocket.app.state.runtime
+    beta = "realtime=v1" in websocket.headers.get("openai-beta", "").replace(" ", "")
+    model = websocket.query_params.get("model") or runtime.settings.llm.model
+    call = realtime_call(websocket, runtime, beta, model)
+    await call.serve()

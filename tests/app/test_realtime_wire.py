@@ -1,0 +1,197 @@
+"""/v1/realtime's wire on the call runner, with a fake socket and fake engines (named as fakes):
+the events a spoken turn and a typed one produce, in order and in both dialects (GA, beta), the
+audio formats, and the errors for bad or unsupported client events. The official SDKs drive the
+real server in tests/e2e/test_realtime.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.runtime import Runtime
+from app.settings import Settings
+from app.transports.call import Call
+from app.transports.realtime.wire import realtime_call
+from core.clock import MonotonicClock
+from pipeline.session import Backends
+from tests.app.test_ws_edges import FakeSocket
+from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad
+
+REPLY = "Rome is the capital of Italy."
+
+
+class AcceptingFakeSocket(FakeSocket):
+    """The fake socket, accepted as a route accepts a real one."""
+
+    async def accept(self) -> None:
+        return None
+
+    def events(self) -> list[dict[str, Any]]:
+        return [json.loads(m) for m in self.sent if isinstance(m, str)]
+
+    def send(self, **event: Any) -> None:
+        self.text(json.dumps(event))
+
+
+def make_call(beta: bool = False, finals: list[str] | None = None) -> tuple[Call, AcceptingFakeSocket, FakeLLM]:
+    llm = FakeLLM([REPLY, REPLY])
+    backends = Backends(FakeVad(), FakeRecognizer(finals or ["What is the capital of Italy?"]), FakeSynthesizer(), llm)
+    runtime = Runtime(Settings(), MonotonicClock(), backends=backends)
+    runtime.ready.set()
+    socket = AcceptingFakeSocket()
+    return realtime_call(socket, runtime, beta, "gpt-realtime"), socket, llm  # type: ignore[arg-type]
+
+
+async def until(socket: AcceptingFakeSocket, kind: str, timeout: float = 10.0) -> dict[str, Any]:
+    async def look() -> dict[str, Any]:
+        while True:
+            for event in socket.events():
+                if event["type"] == kind:
+                    return event
+            await asyncio.sleep(0.01)
+
+    return await asyncio.wait_for(look(), timeout)
+
+
+def speech(rate: int, fmt: str = "pcm") -> list[str]:
+    """0.5 s of a loud tone (speech to the fake VAD), then 1.5 s of silence, in 100 ms appends."""
+    t = np.arange(int(rate * 0.5)) / rate
+    loud = (0.5 * np.sin(2 * np.pi * 300 * t) * 32767).astype("<i2")
+    pcm = np.concatenate([loud, np.zeros(int(rate * 1.5), dtype="<i2")]).tobytes()
+    if fmt == "pcmu":
+        from pipeline.audio import pcm16_to_mulaw
+
+        pcm = pcm16_to_mulaw(pcm)
+    step = rate // 10 * (2 if fmt == "pcm" else 1)
+    return [base64.b64encode(pcm[i:i + step]).decode() for i in range(0, len(pcm), step)]
+
+
+async def test_a_spoken_turn_makes_openais_events_in_order() -> None:
+    call, socket, _ = make_call()
+    task = asyncio.create_task(call.serve())
+    socket.send(type="session.update", session={"type": "realtime", "instructions": "Be brief.", "audio": {
+        "input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": {"type": "server_vad"}}}})
+    await until(socket, "session.updated")
+    for chunk in speech(24000):
+        socket.send(type="input_audio_buffer.append", audio=chunk)
+    done = await until(socket, "response.done")
+    events = socket.events()
+    kinds = [e["type"] for e in events if e["type"] != "response.output_audio.delta"]
+    assert kinds[:2] == ["session.created", "session.updated"]
+    assert events[0]["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+    assert kinds[2:7] == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                          "input_audio_buffer.committed", "conversation.item.added",
+                          "conversation.item.input_audio_transcription.completed"], kinds
+    transcript = next(e for e in events if e["type"].endswith("input_audio_transcription.completed"))
+    assert transcript["transcript"] == "What is the capital of Italy?" and transcript["usage"]["type"] == "duration"
+    start = kinds.index("response.created")
+    assert kinds[start:start + 4] == ["response.created", "response.output_item.added", "conversation.item.added",
+                                      "response.content_part.added"]
+    assert kinds[-6:] == ["response.output_audio.done", "response.output_audio_transcript.done",
+                          "response.content_part.done", "response.output_item.done", "conversation.item.done",
+                          "response.done"]
+    assert all(e["event_id"] for e in events)
+    response = done["response"]
+    assert response["status"] == "completed" and response["object"] == "realtime.response"
+    assert response["output"][0]["content"] == [{"type": "output_audio", "transcript": REPLY}]
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
+    assert deltas.strip() == REPLY
+    audio = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+    assert len(audio) > 0 and len(audio) % 2 == 0
+    assert set(response["voice_agent"]) >= {"latency_ms", "voice_to_voice_ms", "llm"}
+    # every event of the response names it, and its item
+    ids = {(e.get("response_id"), e.get("item_id")) for e in events if e["type"].startswith("response.output_audio")}
+    assert ids == {(response["id"], response["output"][0]["id"])}
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
+async def test_the_beta_dialect_gets_beta_names_and_g711_audio() -> None:
+    call, socket, _ = make_call(beta=True)
+    task = asyncio.create_task(call.serve())
+    socket.send(type="session.update", session={"modalities": ["audio", "text"], "input_audio_format": "g711_ulaw",
+                                                "output_audio_format": "g711_alaw"})
+    updated = await until(socket, "session.updated")
+    assert updated["session"]["input_audio_format"] == "g711_ulaw"
+    assert updated["session"]["output_audio_format"] == "g711_alaw"
+    for chunk in speech(8000, "pcmu"):
+        socket.send(type="input_audio_buffer.append", audio=chunk)
+    await until(socket, "response.done")
+    kinds = {e["type"] for e in socket.events()}
+    assert {"response.audio.delta", "response.audio.done", "response.audio_transcript.delta",
+            "conversation.item.created"} <= kinds
+    assert not {"response.output_audio.delta", "conversation.item.added", "conversation.item.done"} & kinds
+    item = next(e for e in socket.events() if e["type"] == "response.output_item.done")["item"]
+    assert item["content"][0]["type"] == "audio"
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_typed_message_and_response_create_get_a_spoken_reply() -> None:
+    call, socket, llm = make_call()
+    task = asyncio.create_task(call.serve())
+    socket.send(type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Capital of Italy?"}]})
+    socket.send(type="response.create", event_id="evt_make")
+    done = await until(socket, "response.done")
+    assert done["response"]["status"] == "completed"
+    assert llm.requests[0][-1].content == "Capital of Italy?"
+    added = [e for e in socket.events() if e["type"] == "conversation.item.added"]
+    assert added[0]["item"]["content"] == [{"type": "input_text", "text": "Capital of Italy?"}]
+    assert added[1]["previous_item_id"] == added[0]["item"]["id"]  # the reply follows the message
+    socket.send(type="conversation.item.retrieve", item_id=added[0]["item"]["id"])
+    retrieved = await until(socket, "conversation.item.retrieved")
+    assert retrieved["item"]["id"] == added[0]["item"]["id"]
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
+@pytest.mark.parametrize(("event", "code", "param"), [
+    ({"type": "input_audio_buffer.append", "audio": "%%% not base64"}, "invalid_value", "audio"),
+    ({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()}, "invalid_value", "audio"),
+    ({"type": "no.such.event"}, "invalid_event", "type"),
+    ({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}},
+     "invalid_value", "session.audio.input.format.rate"),
+    ({"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}}, "unsupported",
+     "session.tools"),
+    ({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}, "unsupported",
+     "session.audio.input.turn_detection"),
+    ({"type": "session.update", "session": {"output_modalities": ["text"]}}, "unsupported",
+     "session.output_modalities"),
+    ({"type": "response.cancel"}, "response_cancel_not_active", None),
+    ({"type": "conversation.item.truncate", "item_id": "item_x", "content_index": 0, "audio_end_ms": 1.5},
+     "invalid_value", "audio_end_ms"),
+    ({"type": "conversation.item.retrieve", "item_id": "item_x"}, "item_not_found", "item_id"),
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": []}},
+     "invalid_value", "item.content"),
+])
+async def test_a_bad_event_gets_openais_error_naming_it_and_the_call_goes_on(
+        event: dict[str, Any], code: str, param: str | None) -> None:
+    call, socket, _ = make_call()
+    task = asyncio.create_task(call.serve())
+    socket.send(**event, event_id="evt_bad")
+    error = await until(socket, "error")
+    assert error["error"]["code"] == code and error["error"]["param"] == param, error
+    assert error["error"]["event_id"] == "evt_bad" and error["error"]["type"] == "invalid_request_error"
+    socket.send(type="session.update", session={"instructions": "Still here."})
+    assert (await until(socket, "session.updated"))["session"]["instructions"] == "Still here."
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
+async def test_not_json_and_binary_frames_are_errors_too() -> None:
+    call, socket, _ = make_call()
+    task = asyncio.create_task(call.serve())
+    socket.text("{not json")
+    socket.inbox.put_nowait({"type": "websocket.receive", "bytes": b"\x00\x01"})
+    await asyncio.sleep(0.2)
+    codes = [e["error"]["code"] for e in socket.events() if e["type"] == "error"]
+    assert codes == ["invalid_json", "binary_frame"]
+    assert call.errors == 2
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
