@@ -146,6 +146,7 @@ class Reply:
     played_samples: int | None = None  # what the client says it has played (None: it has not said)
     offset_samples: int = 0  # the turn's audio sent by earlier replies to it: the client's count includes them
     played_at: float = 0.0  # clock time of that report
+    playback_stopped: bool = False  # the client stopped playing there (a Realtime truncate): not carried forward
     prompt: tuple[ChatMessage, ...] = ()  # what the LLM is asked
     user_text: str = ""  # the caller's words it answers
     # A preemptive reply (started at a pause) sends nothing until the turn is confirmed over.
@@ -464,9 +465,11 @@ class Session:
             timer.cancel()
         self.reply_audio_open.set()
 
-    def on_played(self, turn_id: int, played_ms: float) -> None:
+    def on_played(self, turn_id: int, played_ms: float, stopped: bool = False) -> None:
         """The client's playback clock (native `output_audio.played`, phone marks): how much of the
-        turn's reply audio it has played. On barge-in the history keeps those words."""
+        turn's reply audio it has played. On barge-in the history keeps those words. `stopped`: the
+        client stopped playing there (the Realtime API's truncate), so the report is exact rather
+        than carried forward at playback speed."""
         played = int(played_ms * self.output_rate / 1000)
         turn = self.turns.get(turn_id)
         if turn is not None:
@@ -477,12 +480,18 @@ class Session:
         if reply is None or reply.turn.turn_id != turn_id:
             return
         played -= reply.offset_samples
-        reply.played_samples = min(reply.ledger.sent_samples(), max(played, reply.played_samples or 0))
+        if stopped:
+            reply.played_samples = min(reply.ledger.sent_samples(), max(0, played))
+        else:
+            reply.played_samples = min(reply.ledger.sent_samples(), max(played, reply.played_samples or 0))
         reply.played_at = self.clock.now()
+        reply.playback_stopped = stopped
 
     def _heard_samples(self, reply: Reply) -> int:
         """The client's last report, carried forward at playback speed to now, within what was sent."""
         assert reply.played_samples is not None
+        if reply.playback_stopped:
+            return reply.played_samples
         since = max(0.0, self.clock.now() - reply.played_at)
         return min(reply.ledger.sent_samples(), reply.played_samples + int(since * self.output_rate))
 

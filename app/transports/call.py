@@ -111,8 +111,8 @@ class Wire(Protocol):
         """One message from the caller; False when the caller ended the call."""
         ...
 
-    async def report(self, code: str, message: str) -> None:
-        """Tell the caller what went wrong, in the wire's own way."""
+    async def report(self, code: str, message: str, bad: bool) -> None:
+        """Tell the caller what went wrong, in the wire's own way (`bad`: a message of theirs)."""
         ...
 
     async def greet(self) -> None:
@@ -204,13 +204,13 @@ class Call:
     async def bad_message(self, code: str, message: str) -> None:
         """The caller sent something wrong: reported and counted (server.max_protocol_errors)."""
         self.errors += 1
-        await self.tell(code, message)
+        await self.tell(code, message, bad=True)
 
-    async def tell(self, code: str, message: str) -> None:
+    async def tell(self, code: str, message: str, bad: bool = False) -> None:
         """Something the caller should know (a refusal, a limit reached): reported, not counted."""
         self.reason = f"{code}: {message}"
         self.runtime.metrics.error(code)
-        await self.wire.report(code, message)
+        await self.wire.report(code, message, bad)
 
     # -- the loop ------------------------------------------------------------------------------------
     async def run(self) -> None:

@@ -63,7 +63,7 @@ class NativeWire:
         self.outbound = NativeOutbound(call.writer, call.runtime.metrics)
         self.toolbox: ToolBox | None = None
 
-    async def report(self, code: str, message: str) -> None:
+    async def report(self, code: str, message: str, bad: bool = False) -> None:
         await self.call.writer.text(json.dumps(error_json(code, message)))
 
     async def greet(self) -> None:

@@ -135,9 +135,12 @@ class PhoneWire:
     def label(self) -> str:
         return self.outbound.label
 
-    async def report(self, code: str, message: str) -> None:
+    async def report(self, code: str, message: str, bad: bool) -> None:
         """The provider has no error message: logged (and counted in /metrics by the call runner)."""
-        log.warning("%s: %s: %s", self.label, code, message)
+        if bad:
+            log.warning("%s: bad frame (%s): %s", self.label, code, message)
+        else:
+            log.warning("%s: %s: %s", self.label, code, message)
 
     async def greet(self) -> None:
         """Nothing: the caller speaks first (session.start / the provider's start)."""

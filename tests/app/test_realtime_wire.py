@@ -18,6 +18,7 @@ from app.settings import Settings
 from app.transports.call import Call
 from app.transports.realtime.wire import realtime_call
 from core.clock import MonotonicClock
+from models.tool_calls import ToolCall
 from pipeline.session import Backends
 from tests.app.test_ws_edges import FakeSocket
 from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad
@@ -38,8 +39,9 @@ class AcceptingFakeSocket(FakeSocket):
         self.text(json.dumps(event))
 
 
-def make_call(beta: bool = False, finals: list[str] | None = None) -> tuple[Call, AcceptingFakeSocket, FakeLLM]:
-    llm = FakeLLM([REPLY, REPLY])
+def make_call(beta: bool = False, finals: list[str] | None = None,
+              replies: list[str | list[str | ToolCall]] | None = None) -> tuple[Call, AcceptingFakeSocket, FakeLLM]:
+    llm = FakeLLM(replies or [REPLY, REPLY])
     backends = Backends(FakeVad(), FakeRecognizer(finals or ["What is the capital of Italy?"]), FakeSynthesizer(), llm)
     runtime = Runtime(Settings(), MonotonicClock(), backends=backends)
     runtime.ready.set()
@@ -151,14 +153,56 @@ async def test_a_typed_message_and_response_create_get_a_spoken_reply() -> None:
     await asyncio.wait_for(task, 5)
 
 
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+async def test_a_function_call_round_trip_waits_for_the_output_and_response_create() -> None:
+    call, socket, llm = make_call(replies=[[ToolCall("call_1", "get_weather", '{"city": "Paris"}')],
+                                           "It is sunny in Paris."])
+    task = asyncio.create_task(call.serve())
+    socket.send(type="session.update", session={"type": "realtime", "tools": [WEATHER]})
+    assert (await until(socket, "session.updated"))["session"]["tools"] == [WEATHER]
+    socket.send(type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]})
+    socket.send(type="response.create")
+    first = await until(socket, "response.done")
+    calls = [o for o in first["response"]["output"] if o["type"] == "function_call"]
+    assert calls == [{"id": calls[0]["id"], "object": "realtime.item", "type": "function_call", "status": "completed",
+                      "name": "get_weather", "call_id": "call_1", "arguments": '{"city": "Paris"}'}]
+    done_item = next(e for e in socket.events() if e["type"] == "response.output_item.done")
+    assert done_item["item"]["status"] == "completed" and done_item["item"]["call_id"] == "call_1"
+    arguments = next(e for e in socket.events() if e["type"] == "response.function_call_arguments.done")
+    assert arguments["name"] == "get_weather" and arguments["arguments"] == '{"city": "Paris"}'
+    # the output alone makes no reply: like OpenAI's server, this one waits for response.create
+    socket.send(type="conversation.item.create", item={"type": "function_call_output", "call_id": "call_1",
+                                                       "output": '{"sky": "sunny"}'})
+    await asyncio.sleep(0.3)
+    assert len(llm.requests) == 1
+    socket.send(type="response.create")
+    await until(socket, "response.output_audio_transcript.done")
+    second = [e for e in socket.events() if e["type"] == "response.done"]
+    while len(second) < 2:
+        await asyncio.sleep(0.02)
+        second = [e for e in socket.events() if e["type"] == "response.done"]
+    assert second[1]["response"]["output"][0]["content"][0]["transcript"] == "It is sunny in Paris."
+    tool_message = llm.requests[1][-1]
+    assert tool_message.role == "tool" and tool_message.content == '{"sky": "sunny"}'
+    socket.send(type="conversation.item.create", item={"type": "function_call_output", "call_id": "call_1",
+                                                       "output": "again"}, event_id="evt_again")
+    error = await until(socket, "error")
+    assert error["error"]["code"] == "unknown_call_id" and error["error"]["event_id"] == "evt_again"
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
 @pytest.mark.parametrize(("event", "code", "param"), [
     ({"type": "input_audio_buffer.append", "audio": "%%% not base64"}, "invalid_value", "audio"),
     ({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"abc").decode()}, "invalid_value", "audio"),
     ({"type": "no.such.event"}, "invalid_event", "type"),
     ({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}},
      "invalid_value", "session.audio.input.format.rate"),
-    ({"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}}, "unsupported",
-     "session.tools"),
+    ({"type": "session.update", "session": {"tools": [{"type": "function"}]}}, "invalid_tools", "session.tools"),
     ({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}, "unsupported",
      "session.audio.input.turn_detection"),
     ({"type": "session.update", "session": {"output_modalities": ["text"]}}, "unsupported",

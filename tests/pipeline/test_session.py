@@ -290,6 +290,28 @@ async def test_with_playback_reports_the_history_keeps_what_was_heard_not_what_w
     await task
 
 
+async def test_a_stopped_playback_report_is_exact_and_a_client_cancel_keeps_it() -> None:
+    """A Realtime client's truncate: it stopped playing at 0.3 s, so the history keeps exactly
+    those three words however long the server takes to cancel (no carrying forward)."""
+    llm = FakeLLM([STORY])
+    session, out = make_session(llm, ["Tell me a story."])
+    session.config = replace(session.config, session=SessionConfig(output_lead_ms=1500, output_chunk_ms=20))
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.4, False)
+    await out.wait(lambda: sum(len(a) for a in out.audio) >= 2 * 8000 * 1.5)
+    turn = session.reply.turn.turn_id if session.reply else 1
+    session.on_played(turn, 300.0, stopped=True)
+    await asyncio.sleep(0.5)  # carried forward, this would be eight words
+    assert await session.cancel_reply()
+    first = done_events(out)[0]
+    assert first.status == "interrupted" and first.text == " ".join(STORY.split()[:3]), first.text
+    assert session.history[-1].content == first.text
+    assert not await session.cancel_reply()  # nothing left to cancel
+    await session.audio_in.put(None)
+    await task
+
+
 def session_ledger_sent_text(out: RecordingOutbound) -> list[str]:
     """The words the sent audio stands for (0.1 s a word at 8 kHz, 2 bytes a sample)."""
     seconds = sum(len(a) for a in out.audio) / 2 / 8000

@@ -5,6 +5,7 @@ events, `response.done`)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -14,9 +15,12 @@ from typing import Any
 from app.metrics import Metrics
 from app.transports.call import SocketWriter
 from app.transports.realtime.protocol import Dialect, error_event, message_item, new_id
+from models.protocols import GenerationStats
+from models.tool_calls import ToolCall
 from pipeline.audio import pcm16_to_alaw, pcm16_to_mulaw
 from pipeline.events import (
     ErrorEvent,
+    FunctionCallRequest,
     OutEvent,
     ReplyText,
     ResponseDone,
@@ -32,14 +36,15 @@ STATUS = {"completed": "completed", "tool_calls": "completed", "interrupted": "c
 
 @dataclass
 class Response:
-    """One reply going out: its response and item ids, the transcript and audio sent so far."""
+    """One reply going out: its id, its output items in order (the spoken message, made with its
+    first words or audio, and the function calls the client is asked to run)."""
 
     id: str
-    item_id: str
     turn_id: int
     offset_ms: float  # the turn's audio sent before this reply (a tool call's filler)
-    transcript: list[str] = field(default_factory=list)
-    audio_bytes: int = 0
+    output: list[dict[str, Any]] = field(default_factory=list)
+    message: dict[str, Any] | None = None
+    message_index: int = 0
 
 
 class RealtimeOutbound:
@@ -57,6 +62,10 @@ class RealtimeOutbound:
         self.response: Response | None = None
         self.turn_sent_ms: dict[int, float] = {}  # audio sent per turn, every reply to it
         self.speech_ms: dict[int, list[float]] = {}  # turn id -> where its speech began and ended
+        self.calls_sent: set[str] = set()  # function calls the client was shown
+        # one Session event at a time: a function call (asked from its own task) and the end of the
+        # reply that made it must not interleave their events
+        self.lock = asyncio.Lock()
 
     async def send(self, ga_name: str, **fields: Any) -> None:
         event = self.dialect.event(ga_name, **fields)
@@ -77,6 +86,10 @@ class RealtimeOutbound:
 
     # -- the Session's Outbound ----------------------------------------------------------------------
     async def send_event(self, event: OutEvent) -> None:
+        async with self.lock:
+            await self._event(event)
+
+    async def _event(self, event: OutEvent) -> None:
         if isinstance(event, SpeechStarted):
             self.speech_ms[event.turn_id] = [event.audio_ms, event.audio_ms]
             await self.send("input_audio_buffer.speech_started", audio_start_ms=int(event.audio_ms),
@@ -94,9 +107,10 @@ class RealtimeOutbound:
         elif isinstance(event, TranscriptFinal):
             await self._transcript(event)
         elif isinstance(event, ReplyText):
-            response = await self._open(event.turn_id)
-            response.transcript.append(event.text)
+            response = await self._message(event.turn_id)
             await self.send("response.output_audio_transcript.delta", **self._where(response), delta=event.text)
+        elif isinstance(event, FunctionCallRequest):
+            await self._function_call(event.turn_id, event.call)
         elif isinstance(event, ResponseDone):
             await self._done(event)
         elif isinstance(event, ErrorEvent):
@@ -104,10 +118,13 @@ class RealtimeOutbound:
             await self.send_error(event.code, event.message, kind="server_error")
 
     async def send_audio(self, pcm16: bytes, turn_id: int) -> None:
-        response = await self._open(turn_id)
+        async with self.lock:
+            await self._audio(pcm16, turn_id)
+
+    async def _audio(self, pcm16: bytes, turn_id: int) -> None:
+        response = await self._message(turn_id)
         data = (pcm16 if self.output_format == "pcm" else
                 pcm16_to_mulaw(pcm16) if self.output_format == "pcmu" else pcm16_to_alaw(pcm16))
-        response.audio_bytes += len(data)
         samples = len(pcm16) // 2
         self.turn_sent_ms[turn_id] = self.turn_sent_ms.get(turn_id, 0.0) + 1000 * samples / self.output_rate
         await self.send("response.output_audio.delta", **self._where(response),
@@ -127,59 +144,110 @@ class RealtimeOutbound:
         await self.send("conversation.item.done", item=item)
 
     def _where(self, response: Response) -> dict[str, Any]:
-        return {"response_id": response.id, "item_id": response.item_id, "output_index": 0, "content_index": 0}
+        assert response.message is not None
+        return {"response_id": response.id, "item_id": response.message["id"], "output_index": response.message_index,
+                "content_index": 0}
 
     async def _open(self, turn_id: int) -> Response:
-        """The response this turn's output belongs to, started with its first text or audio."""
+        """The response this turn's output belongs to, started with its first words, audio or call."""
         if self.response is not None and self.response.turn_id == turn_id:
             return self.response
-        response = Response(new_id("resp"), new_id("item"), turn_id, self.turn_sent_ms.get(turn_id, 0.0))
+        response = Response(new_id("resp"), turn_id, self.turn_sent_ms.get(turn_id, 0.0))
         self.response = response
-        self.item_turns[response.item_id] = (turn_id, response.offset_ms)
         await self.send("response.created", response={"id": response.id, "object": "realtime.response",
                                                       "status": "in_progress", "output": [], **self._modalities()})
-        item = message_item(response.item_id, "assistant", "in_progress", [])
-        await self.send("response.output_item.added", response_id=response.id, output_index=0, item=item)
+        return response
+
+    async def _message(self, turn_id: int) -> Response:
+        """The response, with its spoken message item (audio, and the audio's transcript)."""
+        response = await self._open(turn_id)
+        if response.message is not None:
+            return response
+        item = message_item(new_id("item"), "assistant", "in_progress", [])
+        response.message, response.message_index = item, len(response.output)
+        response.output.append(item)
+        self.item_turns[item["id"]] = (turn_id, response.offset_ms)
+        await self.send("response.output_item.added", response_id=response.id, output_index=response.message_index,
+                        item=item)
         await self.add_item(item)
         await self.send("response.content_part.added", **self._where(response),
                         part={"type": "audio", "transcript": ""})
         return response
+
+    async def _function_call(self, turn_id: int, call: ToolCall) -> None:
+        """The client is asked to run one of its tools: a function_call item, its arguments, done
+        (status completed: what OpenAI's clients act on), in the response that made the call (or,
+        asked after it ended, in one of its own). The client answers with a function_call_output
+        item and response.create."""
+        if call.call_id in self.calls_sent:
+            return
+        self.calls_sent.add(call.call_id)
+        opened = self.response is None or self.response.turn_id != turn_id
+        response = await self._open(turn_id)
+        item = {"id": new_id("item"), "object": "realtime.item", "type": "function_call", "status": "in_progress",
+                "name": call.name, "call_id": call.call_id, "arguments": ""}
+        index = len(response.output)
+        response.output.append(item)
+        await self.send("response.output_item.added", response_id=response.id, output_index=index, item=dict(item))
+        await self.add_item(dict(item))
+        where = {"response_id": response.id, "item_id": item["id"], "output_index": index, "call_id": call.call_id}
+        await self.send("response.function_call_arguments.delta", **where, delta=call.arguments)
+        await self.send("response.function_call_arguments.done", **where, name=call.name, arguments=call.arguments)
+        item.update(status="completed", arguments=call.arguments)
+        self.items[item["id"]] = item
+        await self.send("response.output_item.done", response_id=response.id, output_index=index, item=item)
+        await self.send("conversation.item.done", item=item)
+        if opened:  # asked after its reply had ended: a response of its own
+            await self._close(response, "completed", None, None)
 
     def _modalities(self) -> dict[str, Any]:
         return {"modalities": ["audio", "text"]} if self.dialect.beta else {"output_modalities": ["audio"]}
 
     async def _done(self, done: ResponseDone) -> None:
         response = await self._open(done.turn_id)  # a reply stopped before it said anything: an empty one
-        self.response = None
         status = STATUS.get(done.status, "completed")
-        where = self._where(response)
-        await self.send("response.output_audio.done", **where)
-        await self.send("response.output_audio_transcript.done", **where, transcript=done.text)
-        await self.send("response.content_part.done", **where, part={"type": "audio", "transcript": done.text})
-        item = message_item(response.item_id, "assistant", "completed" if status == "completed" else "incomplete",
-                            [self.dialect.audio_part(done.text)])
-        self.items[response.item_id] = item
-        await self.send("response.output_item.done", response_id=response.id, output_index=0, item=item)
-        await self.send("conversation.item.done", item=item)
+        if response.message is not None:
+            where = self._where(response)
+            await self.send("response.output_audio.done", **where)
+            await self.send("response.output_audio_transcript.done", **where, transcript=done.text)
+            await self.send("response.content_part.done", **where, part={"type": "audio", "transcript": done.text})
+            item = message_item(response.message["id"], "assistant",
+                                "completed" if status == "completed" else "incomplete",
+                                [self.dialect.audio_part(done.text)])
+            response.output[response.message_index] = response.message = item
+            self.items[item["id"]] = item
+            await self.send("response.output_item.done", response_id=response.id,
+                            output_index=response.message_index, item=item)
+            await self.send("conversation.item.done", item=item)
+        for run in done.tool_calls:  # a call the reply made, if the client was not shown it yet
+            if run.get("runs_on") == "client":
+                await self._function_call(done.turn_id, ToolCall(run["call_id"], run["name"], run["arguments"]))
+        await self._close(response, status, done, done.stats)
+
+    async def _close(self, response: Response, status: str, done: ResponseDone | None,
+                     stats: GenerationStats | None) -> None:
+        if self.response is response:
+            self.response = None
         details: dict[str, Any] | None = None
         if status == "cancelled":
             details = {"type": "cancelled", "reason": "turn_detected"}
         elif status == "failed":
-            details = {"type": "failed", "error": {"type": "server_error", "code": done.error or "failed"}}
-        stats = done.stats
+            details = {"type": "failed", "error": {"type": "server_error",
+                                                   "code": (done.error if done else None) or "failed"}}
+        prompt, completion = (stats.prompt_tokens, stats.completion_tokens) if stats else (0, 0)
         usage = {
-            "total_tokens": (stats.prompt_tokens + stats.completion_tokens) if stats else 0,
-            "input_tokens": stats.prompt_tokens if stats else 0,
-            "output_tokens": stats.completion_tokens if stats else 0,
-            "input_token_details": {"text_tokens": stats.prompt_tokens if stats else 0, "audio_tokens": 0,
-                                    "cached_tokens": (stats.prompt_tokens - stats.prefill_tokens) if stats else 0},
-            "output_token_details": {"text_tokens": stats.completion_tokens if stats else 0, "audio_tokens": 0},
+            "total_tokens": prompt + completion, "input_tokens": prompt, "output_tokens": completion,
+            "input_token_details": {"text_tokens": prompt, "audio_tokens": 0,
+                                    "cached_tokens": prompt - stats.prefill_tokens if stats else 0},
+            "output_token_details": {"text_tokens": completion, "audio_tokens": 0},
         }
+        extras = {} if done is None else {"voice_agent": {
+            "turn_id": done.turn_id, "latency_ms": done.latency_ms, "voice_to_voice_ms": done.voice_to_voice_ms,
+            "deadline_missed": done.deadline_missed, "underruns": done.underruns,
+            "llm": stats.as_dict() if stats else {}}}
         await self.send("response.done", response={
             "id": response.id, "object": "realtime.response", "status": status, "status_details": details,
-            "output": [item], "usage": usage, **self._modalities(),
+            "output": response.output, "usage": usage, **self._modalities(),
             # this server's own figures, in a field OpenAI's clients ignore (docs/realtime.md)
-            "voice_agent": {"turn_id": done.turn_id, "latency_ms": done.latency_ms,
-                            "voice_to_voice_ms": done.voice_to_voice_ms, "deadline_missed": done.deadline_missed,
-                            "underruns": done.underruns, "llm": stats.as_dict() if stats else {}},
+            **extras,
         })

@@ -32,6 +32,8 @@ class RealtimeSettings:
         "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
         "create_response": True, "interrupt_response": True, "idle_timeout_ms": None})
     transcription: dict[str, Any] | None = None  # echoed: the server transcribes with its own Whisper
+    tools: tuple[dict[str, Any], ...] = ()  # the client's functions (checked by the call's ToolBox)
+    tool_choice: Any = "auto"
     id: str = field(default_factory=lambda: new_id("sess"))
 
     @property
@@ -63,7 +65,7 @@ class RealtimeSettings:
                           "noise_reduction": None, "turn_detection": self.turn_detection},
                 "output": {"format": fmt(self.output_format), "voice": self.voice, "speed": 1.0},
             },
-            "tools": [], "tool_choice": "auto", "max_output_tokens": "inf",
+            "tools": list(self.tools), "tool_choice": self.tool_choice, "max_output_tokens": "inf",
         }
 
     def as_beta(self) -> dict[str, Any]:
@@ -73,7 +75,7 @@ class RealtimeSettings:
             "instructions": self.instructions, "voice": self.voice,
             "input_audio_format": formats[self.input_format], "output_audio_format": formats[self.output_format],
             "input_audio_transcription": self.transcription, "turn_detection": self.turn_detection,
-            "tools": [], "tool_choice": "auto", "max_response_output_tokens": "inf",
+            "tools": list(self.tools), "tool_choice": self.tool_choice, "max_response_output_tokens": "inf",
         }
 
 
@@ -134,9 +136,13 @@ def _common(current: RealtimeSettings, session: dict[str, Any]) -> RealtimeSetti
         if not isinstance(session["instructions"], str):
             raise SettingsError("invalid_value", "session.instructions must be a string", "session.instructions")
         new = replace(new, instructions=session["instructions"])
-    if session.get("tools"):
-        raise SettingsError("unsupported", "function calls over /v1/realtime are not served yet (use /ws or "
-                            "/v1/chat/completions for tools); send tools: []", "session.tools")
+    if "tools" in session:
+        tools = session["tools"]
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise SettingsError("invalid_value", "session.tools must be a list of function objects", "session.tools")
+        new = replace(new, tools=tuple(tools))
+    if "tool_choice" in session:
+        new = replace(new, tool_choice=session["tool_choice"])
     return new
 
 

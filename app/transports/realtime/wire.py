@@ -21,6 +21,7 @@ from app.transports.call import Call, Message
 from app.transports.realtime.outbound import RealtimeOutbound
 from app.transports.realtime.protocol import Dialect, error_event, message_item, new_id
 from app.transports.realtime.settings import RealtimeSettings, SettingsError
+from core.errors import ConfigError
 from pipeline.audio import alaw_to_pcm16, mulaw_to_pcm16, pcm16_to_float
 
 log = logging.getLogger(__name__)
@@ -43,12 +44,17 @@ class RealtimeWire:
         self.settings = RealtimeSettings(model=model, id=call.session_id)
         self.outbound: RealtimeOutbound | None = None
         self.pending_text: list[str] = []  # user text items not yet answered (response.create answers them)
+        self.pending_outputs: list[tuple[str, str]] = []  # function_call_output items, given at response.create
+        # The call's tools: the client's (session.tools) and the server's own. No spoken filler while a
+        # call runs: a Realtime client waits for its function's result in silence, or speaks its own.
+        self.toolbox = call.runtime.toolbox()
+        self.toolbox.config = self.toolbox.config.model_copy(update={"filler": ""})
         self.event_id: str | None = None  # the client event being handled, for its error
         self.param: str | None = None  # the field it got wrong
         self.limit = call.runtime.settings.realtime.max_event_bytes
 
     # -- the call runner's Wire ----------------------------------------------------------------------
-    async def report(self, code: str, message: str) -> None:
+    async def report(self, code: str, message: str, bad: bool = False) -> None:
         await self.call.writer.text(json.dumps(error_event(self.dialect, code, message, param=self.param,
                                                            event_id=self.event_id)))
 
@@ -101,6 +107,11 @@ class RealtimeWire:
     # -- client events -------------------------------------------------------------------------------
     async def session_update(self, event: dict[str, Any]) -> None:
         new = self.settings.updated(event.get("session"), self.dialect.beta)
+        if (new.tools, new.tool_choice) != (self.settings.tools, self.settings.tool_choice):
+            try:
+                self.toolbox.declare(list(new.tools), new.tool_choice)
+            except ConfigError as exc:
+                raise RealtimeError("invalid_tools", str(exc), "session.tools") from exc
         if self.outbound is not None and (new.input_format, new.output_format) != (
                 self.settings.input_format, self.settings.output_format):
             raise RealtimeError("unsupported", "the audio formats cannot change once audio has been sent or a "
@@ -140,9 +151,13 @@ class RealtimeWire:
         item = event.get("item")
         if not isinstance(item, dict):
             raise RealtimeError("invalid_value", "conversation.item.create needs an `item` object", "item")
+        given = item.get("id")
+        item_id = given[:64] if isinstance(given, str) and given else new_id("item")
+        if item.get("type") == "function_call_output":
+            return await self._function_output(item_id, item)
         if item.get("type") != "message" or item.get("role") != "user":
-            raise RealtimeError("unsupported", "only user messages can be added yet (not "
-                                f"{item.get('type')!r} items of role {item.get('role')!r})", "item.type")
+            raise RealtimeError("unsupported", "only user messages and function_call_output items can be added yet "
+                                f"(not {item.get('type')!r} items of role {item.get('role')!r})", "item.type")
         content = item.get("content")
         if not isinstance(content, list) or not content:
             raise RealtimeError("invalid_value", "a message needs `content`: a list of parts", "item.content")
@@ -156,14 +171,28 @@ class RealtimeWire:
         limit = self.call.runtime.settings.session.max_instructions_chars
         if len(text) > limit:
             raise RealtimeError("invalid_value", f"a message is limited to {limit} characters", "item.content")
-        self._start()
-        given = item.get("id")
-        item_id = given[:64] if isinstance(given, str) and given else new_id("item")
-        assert self.outbound is not None
-        added = message_item(item_id, "user", "completed", [{"type": "input_text", "text": text}])
-        await self.outbound.add_item(added)
-        await self._send("conversation.item.done", item=added)
+        await self._add(message_item(item_id, "user", "completed", [{"type": "input_text", "text": text}]))
         self.pending_text.append(text)
+
+    async def _function_output(self, item_id: str, item: dict[str, Any]) -> None:
+        """The result of a function the server asked the client to run: kept until response.create,
+        which lets the model answer from it (as OpenAI's server waits for it)."""
+        call_id, output = item.get("call_id"), item.get("output")
+        if not isinstance(call_id, str) or not isinstance(output, str):
+            raise RealtimeError("invalid_value", "a function_call_output needs `call_id` and `output`, both strings",
+                                "item")
+        if self.call.session is None or call_id not in self.call.session.asked:
+            raise RealtimeError("unknown_call_id", f"no function call {call_id[:80]!r} is waiting for its output "
+                                "(answered already, timed out, or never asked)", "item.call_id")
+        await self._add({"id": item_id, "object": "realtime.item", "type": "function_call_output", "call_id": call_id,
+                         "output": output})
+        self.pending_outputs.append((call_id, output))
+
+    async def _add(self, item: dict[str, Any]) -> None:
+        self._start()
+        assert self.outbound is not None
+        await self.outbound.add_item(item)
+        await self._send("conversation.item.done", item=item)
 
     async def item_retrieve(self, event: dict[str, Any]) -> None:
         item = self.outbound.items.get(str(event.get("item_id"))) if self.outbound is not None else None
@@ -181,7 +210,7 @@ class RealtimeWire:
             raise RealtimeError("item_not_found", f"no assistant audio item {str(item_id)[:80]!r}", "item_id")
         turn_id, offset_ms = placed
         assert self.call.session is not None
-        self.call.session.on_played(turn_id, offset_ms + end)  # what was heard, as a native playback report
+        self.call.session.on_played(turn_id, offset_ms + end, stopped=True)  # exactly what was heard
         await self._send("conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=end)
 
     async def response_create(self, event: dict[str, Any]) -> None:
@@ -193,10 +222,15 @@ class RealtimeWire:
             raise RealtimeError("unsupported", f"response.create with {', '.join(unsupported)} is not served yet: "
                                 "a response answers the conversation with the session's settings", "response")
         self._start()
+        session = self.call.session
+        assert session is not None
+        outputs, self.pending_outputs = self.pending_outputs, []
+        answered = [session.on_function_output(call_id, output) for call_id, output in outputs]
+        if any(answered) and not self.pending_text:
+            return  # the reply that made the calls goes on from their results
         text = " ".join(self.pending_text).strip() or None
         self.pending_text.clear()
-        assert self.call.session is not None
-        await self.call.session.on_text(text)
+        await session.on_text(text)
 
     async def response_cancel(self, event: dict[str, Any]) -> None:
         session = self.call.session
@@ -225,7 +259,7 @@ class RealtimeWire:
                                          settings.output_rate)
         client = getattr(self.call.websocket, "client", None)
         self.call.start_session(self.outbound, input_rate=settings.input_rate, output_rate=settings.output_rate,
-                                toolbox=runtime.toolbox(), system_prompt=settings.instructions or None,
+                                toolbox=self.toolbox, system_prompt=settings.instructions or None,
                                 caller=client.host if client else None)
         log.info("%s started (%s in, %s out, %s)", self.label, settings.input_format, settings.output_format,
                  settings.turn_detection["type"])
