@@ -23,6 +23,7 @@ from app.security.guard import Guard
 from app.security.limits import parse_networks
 from app.settings import Settings
 from app.transports import native, telnyx, twilio
+from app.transports.realtime import secrets as realtime_secrets
 from app.transports.realtime import wire as realtime
 from core.clock import Clock, MonotonicClock
 from pipeline.session import Backends
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.include_router(access.router)
     app.include_router(native.router)
     app.include_router(realtime.router)
+    app.include_router(realtime_secrets.router)
     app.include_router(openai_api.router)
     app.include_router(qa_api.router)
     app.include_router(qa_pages.router)

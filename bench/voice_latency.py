@@ -29,9 +29,12 @@ speech) and playback underruns (gaps in reply audio once it started), as the ser
 With --transport twilio, the caller phones in instead: the phone simulator (tests/phone_sim.py)
 places a Twilio call (the signed webhook, then the Media Stream), says the question at 8 kHz mu-law
 in real time and plays the reply back; the turn's marks come from the server's log of the call.
-`--transport both` puts every question to one server over both paths, taking turns at going first:
+With --transport realtime, the caller is the official `openai` SDK on /v1/realtime (GA events,
+24 kHz PCM in 20 ms appends, in real time); the marks come from `response.done`'s `voice_agent`.
+A comma-separated list puts every question to one server over each path, taking turns at going
+first (`both` is ws,twilio):
 
-    .venv/bin/python bench/voice_latency.py --transport both --repeat 2
+    .venv/bin/python bench/voice_latency.py --transport realtime,ws --repeat 2
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -183,14 +187,73 @@ async def one_phone_call(server: Server, question: str, tmp: Path) -> dict:
     }
 
 
+REALTIME_RATE = 24000
+
+
+async def one_realtime_call(server: Server, question: str, tmp: Path) -> dict:
+    """A question through /v1/realtime with the official SDK: 24 kHz PCM appends in real time."""
+    import base64
+
+    from openai import AsyncOpenAI
+
+    samples = question_audio(question, tmp, REALTIME_RATE)
+    lead = np.zeros(int(0.3 * REALTIME_RATE), dtype=np.int16)
+    audio = np.concatenate([lead, samples])
+    end_in_clip = len(lead) / REALTIME_RATE + speech_end_s(samples, REALTIME_RATE)
+    frame = REALTIME_RATE * FRAME_MS // 1000
+    silence = base64.b64encode(np.zeros(frame, dtype="<i2").tobytes()).decode()
+    client = AsyncOpenAI(base_url=server.base_url + "/v1", api_key="bench")
+    async with client.realtime.connect(model="gpt-realtime") as connection:
+        events: list[tuple[float, object]] = []
+
+        async def read() -> None:
+            async for event in connection:
+                events.append((time.monotonic(), event))
+
+        reader = asyncio.create_task(read())
+        session: Any = {"type": "realtime", "audio": {
+            "input": {"format": {"type": "audio/pcm", "rate": REALTIME_RATE}, "turn_detection": {"type": "server_vad"}},
+            "output": {"format": {"type": "audio/pcm", "rate": REALTIME_RATE}}}}
+        await connection.session.update(session=session)
+        start = time.monotonic()
+        true_end = start + int(end_in_clip * 1000) // FRAME_MS * FRAME_MS / 1000
+        sent = 0
+        for i in range(0, len(audio), frame):  # paced like VoiceClient.stream: frame i leaves at start + i/rate
+            await asyncio.sleep(max(0.0, start + i / REALTIME_RATE - time.monotonic()))
+            await connection.input_audio_buffer.append(
+                audio=base64.b64encode(audio[i:i + frame].astype("<i2").tobytes()).decode())
+            sent += 1
+        deadline = time.monotonic() + 120
+        while not any(getattr(e, "type", "") == "response.done" for _, e in events):
+            if time.monotonic() > deadline or reader.done():
+                raise TimeoutError(f"no response.done on /v1/realtime for {question!r}")
+            await asyncio.sleep(max(0.0, start + sent * FRAME_MS / 1000 - time.monotonic()))
+            await connection.input_audio_buffer.append(audio=silence)
+            sent += 1
+        reader.cancel()
+    kinds = [(at, e) for at, e in events]
+    first_audio = next((at for at, e in kinds if getattr(e, "type", "") == "response.output_audio.delta"), None)
+    done = next(e for _, e in kinds if getattr(e, "type", "") == "response.done").model_dump()["response"]
+    heard = [e for _, e in kinds if getattr(e, "type", "").endswith("input_audio_transcription.completed")]
+    ours = done.get("voice_agent", {})
+    return {
+        "ended_by": None, "preemptive": False, "discarded": 0, "question": question,
+        "heard": getattr(heard[0], "transcript", "") if heard else "",
+        "reply": done["output"][0]["content"][0].get("transcript", "") if done.get("output") else "",
+        "status": done["status"], "marks": ours.get("latency_ms", {}), "server_v2v": ours.get("voice_to_voice_ms"),
+        "true_v2v": (first_audio - true_end) * 1000 if first_audio else None,
+        "tokens_per_second": ours.get("llm", {}).get("tokens_per_second"),
+    }
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def run(urls: dict[str, str | Server], repeat: int, rate: int) -> dict[str, list[dict]]:
-    """Every question on every target (named: a /ws URL, or a server called by phone), taking turns
-    at going first."""
+async def run(urls: dict[str, str | Server | tuple[str, Server]], repeat: int, rate: int) -> dict[str, list[dict]]:
+    """Every question on every target (named: a /ws URL, a server called by phone, or ("realtime",
+    server)), taking turns at going first."""
     results: dict[str, list[dict]] = {name: [] for name in urls}
     names = list(urls)
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,8 +262,12 @@ async def run(urls: dict[str, str | Server], repeat: int, rate: int) -> dict[str
                 shift = (round_ * len(QUESTIONS) + i) % len(names)
                 for name in names[shift:] + names[:shift]:
                     target = urls[name]
-                    r = (await one_call(target, question, Path(tmp), rate) if isinstance(target, str)
-                         else await one_phone_call(target, question, Path(tmp)))
+                    if isinstance(target, str):
+                        r = await one_call(target, question, Path(tmp), rate)
+                    elif isinstance(target, tuple):
+                        r = await one_realtime_call(target[1], question, Path(tmp))
+                    else:
+                        r = await one_phone_call(target, question, Path(tmp))
                     results[name].append(r)
                     print(f"  {name:8s} {r['true_v2v'] or float('nan'):6.0f} ms  heard {r['heard']!r} -> "
                           f"{r['reply'][:60]!r}", flush=True)
@@ -210,7 +277,10 @@ async def run(urls: dict[str, str | Server], repeat: int, rate: int) -> dict[str
         a, b = (statistics.median(v) if (v := [r["true_v2v"] for r in results[n] if r["true_v2v"]]) else None
                 for n in names)
         if a and b:
-            print(f"\ntrue voice-to-voice median: {names[0]} {a:.0f} ms, {names[1]} {b:.0f} ms, ratio {a / b:.2f}")
+            print(f"\ntrue voice-to-voice median: {names[0]} {a:.0f} ms, {names[1]} {b:.0f} ms, "
+                  f"difference {a - b:+.0f} ms, ratio {a / b:.2f}")
+        same = sum(x["heard"] == y["heard"] for x, y in zip(results[names[0]], results[names[1]], strict=True))
+        print(f"the same transcript over both: {same} of {len(results[names[0]])} questions")
     return results
 
 
@@ -382,9 +452,14 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3, help="concurrency mode: turns per call")
     parser.add_argument("--stagger", type=float, default=0.7, help="concurrency mode: seconds between callers' starts")
     parser.add_argument("--schedules", default="edf,fifo", help="concurrency mode: llm.schedule policies to compare")
-    parser.add_argument("--transport", choices=("ws", "twilio", "both"), default="ws",
-                        help="the caller's path: the native socket, a Twilio phone call, or both side by side")
+    parser.add_argument("--transport", default="ws",
+                        help="the caller's path: ws (the native socket), twilio (a phone call), realtime (the OpenAI "
+                        "Realtime API with the official SDK), or several, comma-separated, side by side (both: "
+                        "ws,twilio)")
     args = parser.parse_args()
+    transports = ["ws", "twilio"] if args.transport == "both" else args.transport.split(",")
+    if not transports or set(transports) - {"ws", "twilio", "realtime"}:
+        parser.error(f"--transport {args.transport!r}: ws, twilio, realtime, or a comma-separated list of them")
     global VOICE
     VOICE = args.voice
     print(f"CPU: {cpu.describe()}; caller voice: {VOICE}")
@@ -394,28 +469,29 @@ def main() -> None:
     env: dict[str, str] = {}
     baseline = dict(s.split("=", 1) for s in args.baseline.split(",")) if args.baseline else {}
     if args.url:
-        if args.transport != "ws":
-            parser.error("--transport twilio needs a server started here (its auth token is the bench's)")
+        if transports != ["ws"]:
+            parser.error("--url takes --transport ws only (a phone call needs the bench's auth token, and "
+                         "realtime a server started here)")
         results = asyncio.run(run({"server": args.url}, args.repeat, args.rate))
     else:
         with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
             env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **dict(s.split("=", 1) for s in args.set)}
-            if args.transport != "ws":
+            if "twilio" in transports:
                 env.update(PHONE_ENV)
             print("server settings:", env, "baseline adds:", baseline)
-            urls: dict[str, str | Server] = {}
+            urls: dict[str, str | Server | tuple[str, Server]] = {}
             for name, extra in (("defaults", {}), ("baseline", baseline)) if baseline else (("defaults", {}),):
                 server, proc = start_server(Path(tmp), env={**env, **extra})
                 stack.callback(stop_server, proc)
                 suffix = f"-{name}" if baseline else ""
-                if args.transport in ("ws", "both"):
-                    urls["ws" + suffix if args.transport == "both" else name] = server.ws_url
-                if args.transport in ("twilio", "both"):
-                    urls["twilio" + suffix if args.transport == "both" else name] = server
+                for transport in transports:
+                    label = transport + suffix if len(transports) > 1 else name
+                    urls[label] = (server.ws_url if transport == "ws" else server if transport == "twilio"
+                                   else ("realtime", server))
             results = asyncio.run(run(urls, args.repeat, args.rate))
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "voice": VOICE, "settings": env,
-                                               "baseline": baseline, "transport": args.transport,
+                                               "baseline": baseline, "transport": ",".join(transports),
                                                "turns": results}, indent=1))
         print(f"wrote {args.json}")
 

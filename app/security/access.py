@@ -15,6 +15,7 @@ import logging
 import secrets
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Request
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api", tags=["access"])
 
 SESSION_TOKEN_TTL_S = 60
+CLIENT_SECRET_PREFIX = "ek_"
+CLIENT_SECRET_MAX_TTL_S = 7200  # OpenAI's limit for an ephemeral key
+REALTIME_PATH = "/v1/realtime"
+KEY_PROTOCOL = "openai-insecure-api-key."  # how a browser's WebSocket carries a key (it cannot set headers)
 MAX_TOKENS = 10_000  # outstanding session tokens (and, apart, logins); the oldest go first
 LOGIN_COOKIE = "voice_agent_login"
 CLIENT_KEY = "voice_agent.client"  # the scope key under which the guard leaves whom it counted the request as
@@ -87,12 +92,13 @@ class Tokens:
         self.max_count = max_count
         self._tokens: OrderedDict[str, tuple[float, str]] = OrderedDict()  # in issue order, so in expiry order
 
-    def issue(self, owner: str = "") -> str:
+    def issue(self, owner: str = "", ttl_s: float | None = None, prefix: str = "") -> str:
+        """A new token for `owner`, valid for `ttl_s` (at most the store's ttl_s, its default)."""
         now = self.clock.now()
         while self._tokens and (len(self._tokens) >= self.max_count or next(iter(self._tokens.values()))[0] <= now):
             self._tokens.popitem(last=False)
-        token = secrets.token_urlsafe(32)
-        self._tokens[token] = (now + self.ttl_s, owner)
+        token = prefix + secrets.token_urlsafe(32)
+        self._tokens[token] = (now + min(ttl_s or self.ttl_s, self.ttl_s), owner)
         return token
 
     def owner(self, token: str) -> str | None:
@@ -200,11 +206,22 @@ class Access:
     def __init__(self, server: ServerConfig, clock: Clock, public_urls: list[str] | None = None) -> None:
         self.keys = Keys(load_keys(server))
         self.session_tokens = Tokens(SESSION_TOKEN_TTL_S, clock)
+        # the Realtime API's ephemeral keys (POST /v1/realtime/client_secrets): one use, one /v1/realtime
+        # socket, with the session settings they were minted with
+        self.client_secrets = Tokens(CLIENT_SECRET_MAX_TTL_S, clock)
+        self.secret_sessions: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.logins = Tokens(server.login_ttl_s, clock)
         self.allowed_origins = list(server.allowed_origins)
         self.allowed_hosts = AllowedHosts.for_settings(server, public_urls or [])
         # wrong keys, tokens and cookies, per address: guessing is slow on every authenticated route
         self.failures = RateLimiter(server.max_auth_failures_per_minute, clock)
+
+    def mint_client_secret(self, owner: str, ttl_s: float, session: dict[str, Any]) -> str:
+        secret = self.client_secrets.issue(owner, ttl_s, CLIENT_SECRET_PREFIX)
+        self.secret_sessions[secret] = session
+        while len(self.secret_sessions) > self.client_secrets.max_count:
+            self.secret_sessions.popitem(last=False)
+        return secret
 
     def bearer_owner(self, authorization: str | None) -> str | None:
         """The client a valid `Authorization: Bearer <key>` stands for, or None."""

@@ -13,8 +13,10 @@ authenticated route answers 429 for the rest of the minute. `/v1` requests (and 
 rate-limited per client (429 + Retry-After). The body is read here, whole, before any route sees
 it: larger than server.max_body_bytes is 413, slower than server.body_timeout_s is 408.
 
-WebSocket `/ws`: a browser Origin that is not allowed is refused before the upgrade (403); a missing
-key (Bearer header, or a one-use `?token=`) is accepted and closed with 1008 and a reason, so that a
+WebSockets (`/ws`, `/v1/realtime`, every one but the phone media sockets): a browser Origin that is
+not allowed is refused before the upgrade (403); a missing key (Bearer header, a one-use `?token=`,
+and on /v1/realtime an ephemeral `ek_` key or the `openai-insecure-api-key.` subprotocol a browser
+can set) is accepted and closed with 1008 and a reason, so that a
 browser can read why; too many new connections or calls in progress from one client is accepted
 and closed with 1013 and a reason. A client is the API key the call was opened with, else the
 address (app/security/limits.py). The call's place in its client's count is handed to the route
@@ -38,7 +40,16 @@ from starlette.datastructures import Headers, QueryParams
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.security.access import CLIENT_KEY, LOGIN_COOKIE, Access, address_of, origin_allowed
+from app.security.access import (
+    CLIENT_KEY,
+    CLIENT_SECRET_PREFIX,
+    KEY_PROTOCOL,
+    LOGIN_COOKIE,
+    REALTIME_PATH,
+    Access,
+    address_of,
+    origin_allowed,
+)
 from app.security.limits import CallCounter, RateLimiter, Slot
 from app.settings import Settings
 from core.clock import Clock
@@ -104,12 +115,10 @@ class Guard:
             return await _refuse_upgrade(scope, receive, send, message)
         if scope["type"] == "http":
             await self._http(scope, receive, send, path, headers)
-        elif path == "/ws":
-            await self._websocket(scope, receive, send, headers)
         elif path in PHONE_SOCKETS:
             await self._phone_socket(scope, receive, send, headers)
-        else:
-            await self.app(scope, receive, send)
+        else:  # /ws, /v1/realtime, and any socket added later: guarded unless said otherwise
+            await self._websocket(scope, receive, send, headers)
 
     def _owner(self, path: str, headers: Headers) -> tuple[str | None, bool]:
         """(the client the request's key, or its login cookie, stands for; whether it sent one)."""
@@ -211,8 +220,12 @@ class Guard:
             owner = self.access.bearer_owner(headers.get("authorization"))
             if owner is None and len(tokens) == 1:
                 owner = self.access.session_tokens.take(tokens[0])
+            realtime_key = socket_key(headers) if get_route_path(scope) == REALTIME_PATH else None
+            if owner is None and realtime_key:
+                owner = (self.access.client_secrets.take(realtime_key) if realtime_key.startswith(CLIENT_SECRET_PREFIX)
+                         else self.access.keys.identify(realtime_key))
             if owner is None:
-                if headers.get("authorization") or tokens:
+                if headers.get("authorization") or tokens or realtime_key:
                     self.access.failed(address)
                 return await _accept_and_close(receive, send, CLOSE_POLICY, WS_KEY_HINT)
         client = owner or address
@@ -250,6 +263,18 @@ class Guard:
     async def _idle_guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         idle = IdleSocket(receive, send, self.server.idle_timeout_s)
         await self.app(scope, idle.receive, idle.send)
+
+
+def socket_key(headers: Headers) -> str | None:
+    """The key a Realtime client opened its socket with: `Authorization: Bearer`, or, from a browser
+    (which cannot set headers), the `openai-insecure-api-key.<key>` subprotocol."""
+    scheme, _, value = headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    for protocol in headers.get("sec-websocket-protocol", "").split(","):
+        if protocol.strip().startswith(KEY_PROTOCOL):
+            return protocol.strip()[len(KEY_PROTOCOL):] or None
+    return None
 
 
 def client_slot(scope: Scope) -> Slot | None:

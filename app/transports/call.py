@@ -155,9 +155,9 @@ class Call:
         return self.wire.label
 
     # -- admission and the socket's life -----------------------------------------------------------
-    async def serve(self, *, take_slot: bool = True) -> None:
+    async def serve(self, *, take_slot: bool = True, subprotocol: str | None = None) -> None:
         """Accept the socket, admit the call (or close it with the reason), run it to its end."""
-        await self.websocket.accept()
+        await self.websocket.accept(subprotocol=subprotocol)
         refused = refusal(self.runtime, needs_slot=take_slot)
         if refused is not None:
             log.warning("%s: call refused: %s", self.label, refused.message)

@@ -29,7 +29,7 @@ REPLY = "Rome is the capital of Italy."
 class AcceptingFakeSocket(FakeSocket):
     """The fake socket, accepted as a route accepts a real one."""
 
-    async def accept(self) -> None:
+    async def accept(self, subprotocol: str | None = None) -> None:
         return None
 
     def events(self) -> list[dict[str, Any]]:
@@ -239,3 +239,46 @@ async def test_not_json_and_binary_frames_are_errors_too() -> None:
     assert call.errors == 2
     socket.inbox.put_nowait({"type": "websocket.disconnect"})
     await asyncio.wait_for(task, 5)
+
+
+async def test_an_ephemeral_key_opens_one_realtime_socket_with_its_session() -> None:
+    """POST /v1/realtime/client_secrets with the server's key mints a one-use `ek_` key; a browser
+    opens /v1/realtime with it (Bearer, or the subprotocol a browser can set), and its session
+    starts with the settings it was minted with. A real server (fake engines), real sockets."""
+    import httpx
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    from tests.app.live import fake_app, live
+
+    key = "k-0123456789abcdef-secret"
+    with live(fake_app(api_keys=[key])) as address:
+        async with httpx.AsyncClient(base_url=f"http://{address}") as http:
+            assert (await http.post("/v1/realtime/client_secrets", json={})).status_code == 401
+            bad = await http.post("/v1/realtime/client_secrets", headers={"Authorization": f"Bearer {key}"},
+                                  json={"expires_after": {"anchor": "created_at", "seconds": 5}})
+            assert bad.status_code == 400 and bad.json()["error"]["param"] == "expires_after.seconds"
+            minted = []
+            for _ in range(2):
+                answer = await http.post("/v1/realtime/client_secrets", headers={"Authorization": f"Bearer {key}"},
+                                         json={"session": {"type": "realtime", "instructions": "Speak like a pirate."}})
+                assert answer.status_code == 200, answer.text
+                minted.append(answer.json())
+        assert minted[0]["value"].startswith("ek_") and minted[0]["session"]["instructions"] == "Speak like a pirate."
+        url = f"ws://{address}/v1/realtime?model=gpt-realtime"
+        async with connect(url) as ws:  # no key at all: closed with the reason, like /ws
+            with pytest.raises(ConnectionClosed):
+                await ws.recv()
+            assert ws.close_code == 1008
+        async with connect(url, additional_headers={"Authorization": f"Bearer {key}"}) as ws:  # the server's key
+            assert json.loads(await ws.recv())["type"] == "session.created"
+        async with connect(url, additional_headers={"Authorization": f"Bearer {minted[0]['value']}"}) as ws:
+            created = json.loads(await ws.recv())
+        assert created["type"] == "session.created" and created["session"]["instructions"] == "Speak like a pirate."
+        async with connect(url, subprotocols=["realtime", f"openai-insecure-api-key.{minted[1]['value']}"]) as ws:
+            assert ws.subprotocol == "realtime"
+            assert json.loads(await ws.recv())["session"]["instructions"] == "Speak like a pirate."
+        async with connect(url, additional_headers={"Authorization": f"Bearer {minted[0]['value']}"}) as ws:
+            with pytest.raises(ConnectionClosed):  # used already
+                await ws.recv()
+            assert ws.close_code == 1008

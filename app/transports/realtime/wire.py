@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, WebSocket
 
 from app.runtime import Runtime
+from app.security.guard import socket_key
 from app.transports.call import Call, Message
 from app.transports.realtime.outbound import RealtimeOutbound
 from app.transports.realtime.protocol import Dialect, error_event, message_item, new_id
@@ -285,7 +286,15 @@ def realtime_call(websocket: WebSocket, runtime: Runtime, beta: bool, model: str
 @router.websocket(PATH)
 async def realtime_endpoint(websocket: WebSocket) -> None:
     runtime: Runtime = websocket.app.state.runtime
-    beta = "realtime=v1" in websocket.headers.get("openai-beta", "").replace(" ", "")
+    headers = websocket.headers
+    beta = "realtime=v1" in headers.get("openai-beta", "").replace(" ", "")
     model = websocket.query_params.get("model") or runtime.settings.llm.model
     call = realtime_call(websocket, runtime, beta, model)
-    await call.serve()
+    key = socket_key(headers)
+    minted = websocket.app.state.access.secret_sessions.pop(key, None) if key else None
+    if minted is not None:  # an ephemeral key: the session starts with the settings it was minted with
+        wire = call.wire
+        assert isinstance(wire, RealtimeWire)
+        wire.settings = wire.settings.updated(minted, beta=False)
+    offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",")]
+    await call.serve(subprotocol="realtime" if "realtime" in offered else None)
