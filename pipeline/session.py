@@ -168,6 +168,7 @@ class Reply:
     produced: asyncio.Event = field(default_factory=asyncio.Event)  # its generation is over
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # finished or cancelled
     kept_text: str | None = None  # what the history keeps of its words (set when it finishes)
+    speaks: bool = True  # False: a text reply (the Realtime API's output_modalities ["text"]): no TTS, no audio
 
 
 @dataclass
@@ -249,6 +250,7 @@ class Session:
         self.conversation: Conversation = backends.llm_for(has_tools).conversation()
         self.audio_in: asyncio.Queue[AudioFrame | None] = asyncio.Queue()
         self.audio_in_samples = 0  # samples queued in audio_in (the transport bounds it)
+        self.speaks = True  # replies are spoken; False: text only (no TTS), for the replies started from now
         self.turns: dict[int, Turn] = {}
         self.reply: Reply | None = None
         self.generation = 0  # bumped by every barge-in and every new reply
@@ -606,7 +608,8 @@ class Session:
             self.answering = turn.turn_id
         self.generation += 1
         reply = Reply(turn, prompt=(*self._prompt(), user) if preemptive else self._prompt(), user_text=text or "",
-                      preemptive=preemptive, step=step, fixed_text=fixed_text, offset_samples=turn.sent_samples)
+                      preemptive=preemptive, step=step, fixed_text=fixed_text, offset_samples=turn.sent_samples,
+                      speaks=self.speaks)
         if not preemptive:
             reply.confirmed.set()
         self.reply = reply
@@ -670,7 +673,8 @@ class Session:
         text = (llm_stage(_one(request), self.conversation, cfg.sampling, self.clock) if reply.fixed_text is None
                 else _said(turn.turn_id, reply.fixed_text, self.clock))
         phrases = chunk_stage(text, cfg.chunker, self.clock)
-        audio = tts_stage(phrases, self.backends.tts, self.backends.tts_worker, self.output_rate, self.clock)
+        audio = (tts_stage(phrases, self.backends.tts, self.backends.tts_worker, self.output_rate, self.clock)
+                 if reply.speaks else phrases)
         try:
             async with contextlib.aclosing(audio):
                 async for event in audio:
@@ -714,7 +718,7 @@ class Session:
         back once the turn has sent audio)."""
         code = (reply.error or "engine_error").split(":", 1)[0]
         await self._send_for(reply, ErrorEvent(code, f"the reply failed: {reply.error}", reply.turn.turn_id))
-        if reply.ledger.produced:
+        if reply.ledger.produced or not reply.speaks:
             return
         tts = self.backends.tts
         chunks = await self.backends.tts_worker.run(lambda: list(tts.synthesize(self.config.session.apology)))
@@ -817,7 +821,7 @@ class Session:
             self.reply = None
         if self.reply is None:  # no reply runs: the LLM owes this call nothing
             self.conversation.set_deadline(None)
-        if status in ("completed", "tool_calls"):
+        if status in ("completed", "tool_calls") or not reply.speaks:  # a text reply: every word was sent
             text = reply.ledger.full_text()
         elif reply.played_samples is not None:  # what the client says it played
             text = reply.ledger.text_until(self._heard_samples(reply))

@@ -153,6 +153,39 @@ async def test_a_typed_message_and_response_create_get_a_spoken_reply() -> None:
     await asyncio.wait_for(task, 5)
 
 
+async def test_text_only_replies_by_session_or_by_response() -> None:
+    """output_modalities ["text"]: the reply is text deltas, no audio, no TTS; a response.create may
+    ask it for one response, and the session's modality holds again after it."""
+    call, socket, llm = make_call()
+    llm.replies = [REPLY, REPLY]
+    task = asyncio.create_task(call.serve())
+    socket.send(type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Capital of Italy?"}]})
+    socket.send(type="response.create", response={"output_modalities": ["text"]})
+    done = await until(socket, "response.done")
+    events = socket.events()
+    assert done["response"]["output_modalities"] == ["text"]
+    assert done["response"]["output"][0]["content"] == [{"type": "output_text", "text": REPLY}]
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta").strip() == REPLY
+    assert next(e for e in events if e["type"] == "response.output_text.done")["text"] == REPLY
+    assert not [e for e in events if e["type"].startswith("response.output_audio")]
+    mark = len(events)
+    socket.send(type="session.update", session={"type": "realtime"})  # no change of modality: audio again
+    for chunk in speech(24000):
+        socket.send(type="input_audio_buffer.append", audio=chunk)
+    while not [e for e in socket.events()[mark:] if e["type"] == "response.done"]:
+        await asyncio.sleep(0.02)
+    assert [e for e in socket.events()[mark:] if e["type"] == "response.output_audio.delta"]
+    socket.send(type="session.update", session={"type": "realtime", "output_modalities": ["text"]})
+    updated = [e for e in socket.events() if e["type"] == "session.updated"]
+    while len(updated) < 2:
+        await asyncio.sleep(0.02)
+        updated = [e for e in socket.events() if e["type"] == "session.updated"]
+    assert updated[-1]["session"]["output_modalities"] == ["text"]
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
@@ -205,8 +238,9 @@ async def test_a_function_call_round_trip_waits_for_the_output_and_response_crea
     ({"type": "session.update", "session": {"tools": [{"type": "function"}]}}, "invalid_tools", "session.tools"),
     ({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}, "unsupported",
      "session.audio.input.turn_detection"),
-    ({"type": "session.update", "session": {"output_modalities": ["text"]}}, "unsupported",
+    ({"type": "session.update", "session": {"output_modalities": ["video"]}}, "invalid_value",
      "session.output_modalities"),
+    ({"type": "response.create", "response": {"conversation": "none"}}, "unsupported", "response"),
     ({"type": "response.cancel"}, "response_cancel_not_active", None),
     ({"type": "conversation.item.truncate", "item_id": "item_x", "content_index": 0, "audio_end_ms": 1.5},
      "invalid_value", "audio_end_ms"),

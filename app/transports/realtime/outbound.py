@@ -45,6 +45,7 @@ class Response:
     output: list[dict[str, Any]] = field(default_factory=list)
     message: dict[str, Any] | None = None
     message_index: int = 0
+    speaks: bool = True  # audio with its transcript; False: text
 
 
 class RealtimeOutbound:
@@ -63,6 +64,8 @@ class RealtimeOutbound:
         self.turn_sent_ms: dict[int, float] = {}  # audio sent per turn, every reply to it
         self.speech_ms: dict[int, list[float]] = {}  # turn id -> where its speech began and ended
         self.calls_sent: set[str] = set()  # function calls the client was shown
+        self.speaks = True  # the session's output_modalities: audio (with its transcript), or text
+        self.next_speaks: bool | None = None  # response.create's own output_modalities, for the next response
         # one Session event at a time: a function call (asked from its own task) and the end of the
         # reply that made it must not interleave their events
         self.lock = asyncio.Lock()
@@ -108,7 +111,8 @@ class RealtimeOutbound:
             await self._transcript(event)
         elif isinstance(event, ReplyText):
             response = await self._message(event.turn_id)
-            await self.send("response.output_audio_transcript.delta", **self._where(response), delta=event.text)
+            kind = "response.output_audio_transcript.delta" if response.speaks else "response.output_text.delta"
+            await self.send(kind, **self._where(response), delta=event.text)
         elif isinstance(event, FunctionCallRequest):
             await self._function_call(event.turn_id, event.call)
         elif isinstance(event, ResponseDone):
@@ -152,10 +156,13 @@ class RealtimeOutbound:
         """The response this turn's output belongs to, started with its first words, audio or call."""
         if self.response is not None and self.response.turn_id == turn_id:
             return self.response
-        response = Response(new_id("resp"), turn_id, self.turn_sent_ms.get(turn_id, 0.0))
+        speaks = self.speaks if self.next_speaks is None else self.next_speaks
+        self.next_speaks = None
+        response = Response(new_id("resp"), turn_id, self.turn_sent_ms.get(turn_id, 0.0), speaks=speaks)
         self.response = response
         await self.send("response.created", response={"id": response.id, "object": "realtime.response",
-                                                      "status": "in_progress", "output": [], **self._modalities()})
+                                                      "status": "in_progress", "output": [],
+                                                      **self._modalities(response)})
         return response
 
     async def _message(self, turn_id: int) -> Response:
@@ -170,8 +177,8 @@ class RealtimeOutbound:
         await self.send("response.output_item.added", response_id=response.id, output_index=response.message_index,
                         item=item)
         await self.add_item(item)
-        await self.send("response.content_part.added", **self._where(response),
-                        part={"type": "audio", "transcript": ""})
+        part = {"type": "audio", "transcript": ""} if response.speaks else {"type": "text", "text": ""}
+        await self.send("response.content_part.added", **self._where(response), part=part)
         return response
 
     async def _function_call(self, turn_id: int, call: ToolCall) -> None:
@@ -200,20 +207,27 @@ class RealtimeOutbound:
         if opened:  # asked after its reply had ended: a response of its own
             await self._close(response, "completed", None, None)
 
-    def _modalities(self) -> dict[str, Any]:
-        return {"modalities": ["audio", "text"]} if self.dialect.beta else {"output_modalities": ["audio"]}
+    def _modalities(self, response: Response) -> dict[str, Any]:
+        if self.dialect.beta:
+            return {"modalities": ["audio", "text"] if response.speaks else ["text"]}
+        return {"output_modalities": ["audio"] if response.speaks else ["text"]}
 
     async def _done(self, done: ResponseDone) -> None:
         response = await self._open(done.turn_id)  # a reply stopped before it said anything: an empty one
         status = STATUS.get(done.status, "completed")
         if response.message is not None:
             where = self._where(response)
-            await self.send("response.output_audio.done", **where)
-            await self.send("response.output_audio_transcript.done", **where, transcript=done.text)
-            await self.send("response.content_part.done", **where, part={"type": "audio", "transcript": done.text})
+            if response.speaks:
+                await self.send("response.output_audio.done", **where)
+                await self.send("response.output_audio_transcript.done", **where, transcript=done.text)
+                part = {"type": "audio", "transcript": done.text}
+            else:
+                await self.send("response.output_text.done", **where, text=done.text)
+                part = {"type": "text", "text": done.text}
+            await self.send("response.content_part.done", **where, part=part)
+            content = self.dialect.audio_part(done.text) if response.speaks else self.dialect.text_part(done.text)
             item = message_item(response.message["id"], "assistant",
-                                "completed" if status == "completed" else "incomplete",
-                                [self.dialect.audio_part(done.text)])
+                                "completed" if status == "completed" else "incomplete", [content])
             response.output[response.message_index] = response.message = item
             self.items[item["id"]] = item
             await self.send("response.output_item.done", response_id=response.id,
@@ -247,7 +261,7 @@ class RealtimeOutbound:
             "llm": stats.as_dict() if stats else {}}}
         await self.send("response.done", response={
             "id": response.id, "object": "realtime.response", "status": status, "status_details": details,
-            "output": response.output, "usage": usage, **self._modalities(),
+            "output": response.output, "usage": usage, **self._modalities(response),
             # this server's own figures, in a field OpenAI's clients ignore (docs/realtime.md)
             **extras,
         })

@@ -32,6 +32,7 @@ class RealtimeSettings:
         "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
         "create_response": True, "interrupt_response": True, "idle_timeout_ms": None})
     transcription: dict[str, Any] | None = None  # echoed: the server transcribes with its own Whisper
+    speaks: bool = True  # output_modalities ["audio"] (with its transcript); False: ["text"]
     tools: tuple[dict[str, Any], ...] = ()  # the client's functions (checked by the call's ToolBox)
     tool_choice: Any = "auto"
     id: str = field(default_factory=lambda: new_id("sess"))
@@ -59,7 +60,7 @@ class RealtimeSettings:
 
         return {
             "type": "realtime", "object": "realtime.session", "id": self.id, "model": self.model,
-            "output_modalities": ["audio"], "instructions": self.instructions,
+            "output_modalities": ["audio"] if self.speaks else ["text"], "instructions": self.instructions,
             "audio": {
                 "input": {"format": fmt(self.input_format), "transcription": self.transcription,
                           "noise_reduction": None, "turn_detection": self.turn_detection},
@@ -71,7 +72,8 @@ class RealtimeSettings:
     def as_beta(self) -> dict[str, Any]:
         formats = {v: k for k, v in BETA_FORMATS.items()}
         return {
-            "object": "realtime.session", "id": self.id, "model": self.model, "modalities": ["audio", "text"],
+            "object": "realtime.session", "id": self.id, "model": self.model,
+            "modalities": ["audio", "text"] if self.speaks else ["text"],
             "instructions": self.instructions, "voice": self.voice,
             "input_audio_format": formats[self.input_format], "output_audio_format": formats[self.output_format],
             "input_audio_transcription": self.transcription, "turn_detection": self.turn_detection,
@@ -84,8 +86,9 @@ def _ga_update(current: RealtimeSettings, session: dict[str, Any]) -> RealtimeSe
     if kind != "realtime":
         raise SettingsError("invalid_value", f"session.type {kind!r}: only 'realtime' sessions are served here "
                             "(transcription sessions are not)", "session.type")
-    _modalities(session.get("output_modalities"), "session.output_modalities")
     new = _common(current, session)
+    if "output_modalities" in session:
+        new = replace(new, speaks=speaks(session["output_modalities"], "session.output_modalities"))
     audio = session.get("audio") or {}
     if not isinstance(audio, dict):
         raise SettingsError("invalid_value", "session.audio must be an object", "session.audio")
@@ -106,10 +109,9 @@ def _ga_update(current: RealtimeSettings, session: dict[str, Any]) -> RealtimeSe
 
 
 def _beta_update(current: RealtimeSettings, session: dict[str, Any]) -> RealtimeSettings:
-    modalities = session.get("modalities")
-    if modalities is not None and "audio" not in modalities:
-        _modalities(modalities, "session.modalities")
     new = _common(current, session)
+    if "modalities" in session:
+        new = replace(new, speaks=speaks(session["modalities"], "session.modalities"))
     for key, attr in (("input_audio_format", "input_format"), ("output_audio_format", "output_format")):
         if key in session:
             name = session[key]
@@ -146,11 +148,11 @@ def _common(current: RealtimeSettings, session: dict[str, Any]) -> RealtimeSetti
     return new
 
 
-def _modalities(modalities: Any, param: str) -> None:
-    if modalities is None or modalities == ["audio"] or sorted(modalities) == ["audio", "text"]:
-        return
-    raise SettingsError("unsupported", f"{param} {modalities!r}: only audio replies (with their transcript) are "
-                        "served yet", param)
+def speaks(modalities: Any, param: str) -> bool:
+    """Whether replies are spoken: ["audio"] (GA; beta ["audio", "text"]) or ["text"]."""
+    if isinstance(modalities, list) and modalities and set(modalities) <= {"audio", "text"}:
+        return "audio" in modalities
+    raise SettingsError("invalid_value", f"{param} {modalities!r}: [\"audio\"] or [\"text\"]", param)
 
 
 def _ga_format(value: Any, param: str) -> str:

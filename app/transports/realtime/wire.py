@@ -22,6 +22,7 @@ from app.transports.call import Call, Message
 from app.transports.realtime.outbound import RealtimeOutbound
 from app.transports.realtime.protocol import Dialect, error_event, message_item, new_id
 from app.transports.realtime.settings import RealtimeSettings, SettingsError
+from app.transports.realtime.settings import speaks as speaks_for
 from core.errors import ConfigError
 from pipeline.audio import alaw_to_pcm16, mulaw_to_pcm16, pcm16_to_float
 
@@ -119,6 +120,8 @@ class RealtimeWire:
                                 "response made; open a new session", "session.audio")
         if self.call.session is not None and new.instructions != self.settings.instructions:
             self.call.session.set_instructions(new.instructions or self._default_prompt())
+        if self.call.session is not None and self.outbound is not None:
+            self.call.session.speaks = self.outbound.speaks = new.speaks
         self.settings = new
         await self._send("session.updated", session=self._session_json())
 
@@ -218,20 +221,28 @@ class RealtimeWire:
         asked = event.get("response") or {}
         if not isinstance(asked, dict):
             raise RealtimeError("invalid_value", "`response` must be an object", "response")
-        unsupported = sorted(k for k, v in asked.items() if v not in (None, [], "auto") and k not in ("metadata",))
+        modalities = "modalities" if self.dialect.beta else "output_modalities"
+        unsupported = sorted(k for k, v in asked.items()
+                             if v not in (None, [], "auto") and k not in ("metadata", modalities))
         if unsupported:
             raise RealtimeError("unsupported", f"response.create with {', '.join(unsupported)} is not served yet: "
                                 "a response answers the conversation with the session's settings", "response")
+        speaks = (self.settings.speaks if asked.get(modalities) is None
+                  else speaks_for(asked[modalities], f"response.{modalities}"))
         self._start()
-        session = self.call.session
-        assert session is not None
+        session, outbound = self.call.session, self.outbound
+        assert session is not None and outbound is not None
         outputs, self.pending_outputs = self.pending_outputs, []
         answered = [session.on_function_output(call_id, output) for call_id, output in outputs]
         if any(answered) and not self.pending_text:
             return  # the reply that made the calls goes on from their results
         text = " ".join(self.pending_text).strip() or None
         self.pending_text.clear()
-        await session.on_text(text)
+        session.speaks, outbound.next_speaks = speaks, speaks  # this response's; the session's after it
+        try:
+            await session.on_text(text)
+        finally:
+            session.speaks = self.settings.speaks
 
     async def response_cancel(self, event: dict[str, Any]) -> None:
         session = self.call.session
@@ -258,10 +269,13 @@ class RealtimeWire:
         settings = self.settings
         self.outbound = RealtimeOutbound(self.call.writer, self.dialect, runtime.metrics, settings.output_format,
                                          settings.output_rate)
+        self.outbound.speaks = settings.speaks
         client = getattr(self.call.websocket, "client", None)
-        self.call.start_session(self.outbound, input_rate=settings.input_rate, output_rate=settings.output_rate,
-                                toolbox=self.toolbox, system_prompt=settings.instructions or None,
-                                caller=client.host if client else None)
+        session = self.call.start_session(self.outbound, input_rate=settings.input_rate,
+                                          output_rate=settings.output_rate, toolbox=self.toolbox,
+                                          system_prompt=settings.instructions or None,
+                                          caller=client.host if client else None)
+        session.speaks = settings.speaks
         log.info("%s started (%s in, %s out, %s)", self.label, settings.input_format, settings.output_format,
                  settings.turn_detection["type"])
 
