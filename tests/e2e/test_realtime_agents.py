@@ -51,8 +51,7 @@ async def test_an_agents_sdk_realtime_agent_calls_its_function_tool_and_speaks_t
                     audio.append(event.audio.data)
 
         reader = asyncio.create_task(read())
-        question = resample(speech_samples("Where is my order? The number is 4 1 7 7 3.", tmp_path), 16000, 24000)
-        pcm = (np.clip(question, -1, 1) * 32767).astype("<i2").tobytes()
+        pcm = speech_samples("Where is my order? The number is 4 1 7 7 3.", tmp_path, 24000).astype("<i2").tobytes()
         for i in range(0, len(pcm), 4800):  # 100 ms at 24 kHz, in real time
             await session.send_audio(pcm[i:i + 4800])
             await asyncio.sleep(0.1)
