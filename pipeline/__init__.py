@@ -1,1 +1,1 @@
-"""The voice pipeline: typed events flowing through async-generator stages (see pipeline/session.py)."""
+"""The voice pipeline: typed events flowing through async-generator stages (see pipeline/session/)."""

@@ -32,7 +32,7 @@ from app.security.guard import client_slot
 from models.protocols import Audio
 from pipeline.audio import StreamResampler
 from pipeline.events import AudioFrame, ResponseDone
-from pipeline.session import Outbound, Session
+from pipeline.session import Outbound, PipelineConfig, Session
 from pipeline.tools import ToolBox
 
 log = logging.getLogger(__name__)
@@ -311,15 +311,17 @@ class Call:
 
     # -- the session ---------------------------------------------------------------------------------
     def start_session(self, outbound: Outbound, *, input_rate: int, output_rate: int, toolbox: ToolBox,
-                      system_prompt: str | None = None, caller: str | None = None) -> Session:
-        """Start the call's session: its record, its resampler, its task."""
+                      system_prompt: str | None = None, caller: str | None = None,
+                      config: PipelineConfig | None = None) -> Session:
+        """Start the call's session: its record, its resampler, its task. `config`: the call's own
+        settings (the server's, by default)."""
         runtime = self.runtime
         assert runtime.backends is not None and self.session is None
         self.started = True
         self.resampler = StreamResampler(input_rate, runtime.backends.vad.sample_rate)
         self.call_log = CallLog(runtime, self.session_id, self.transport, caller=caller)
         self.session = Session(
-            runtime.backends, runtime.pipeline_config(), runtime.clock, outbound, output_rate=output_rate,
+            runtime.backends, config or runtime.pipeline_config(), runtime.clock, outbound, output_rate=output_rate,
             system_prompt=system_prompt, on_turn=self.on_turn, tap=self.call_log.recorder, toolbox=toolbox,
             hang_up=self.hang_up,
         )

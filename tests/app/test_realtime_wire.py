@@ -316,3 +316,24 @@ async def test_an_ephemeral_key_opens_one_realtime_socket_with_its_session() -> 
             with pytest.raises(ConnectionClosed):  # used already
                 await ws.recv()
             assert ws.close_code == 1008
+
+
+def test_turn_detection_settings_the_client_sets_shape_the_calls_endpointing() -> None:
+    from app.transports.realtime.settings import RealtimeSettings
+    from pipeline.config import EndpointingConfig
+
+    base = EndpointingConfig()
+    plain = RealtimeSettings(model="m").updated({"audio": {"input": {"turn_detection": {"type": "server_vad"}}}},
+                                                beta=False)
+    assert plain.endpointing(base) == base  # nothing asked: the server's own settings
+    vad = plain.updated({"audio": {"input": {"turn_detection": {
+        "type": "server_vad", "threshold": 0.7, "prefix_padding_ms": 200, "silence_duration_ms": 400}}}}, beta=False)
+    shaped = vad.endpointing(base)
+    assert (shaped.threshold, shaped.prefix_padding_ms, shaped.max_patience_ms, shaped.end_silence_ms) == (
+        0.7, 200, 400, 400)
+    assert vad.as_ga()["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 400
+    eager = vad.updated({"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}, beta=True)
+    assert eager.endpointing(base).max_patience_ms == base.max_patience_ms // 2
+    assert eager.endpointing(base).threshold == base.threshold  # server_vad's values went with its type
+    patient = eager.updated({"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}, beta=True)
+    assert patient.endpointing(base).max_patience_ms == base.max_patience_ms * 2

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.transports.realtime.protocol import BETA_FORMATS, FORMAT_RATES, GA_FORMATS, new_id
+from pipeline.config import EndpointingConfig
 
 TURN_DETECTIONS = ("server_vad", "semantic_vad")
 
@@ -33,9 +34,29 @@ class RealtimeSettings:
         "create_response": True, "interrupt_response": True, "idle_timeout_ms": None})
     transcription: dict[str, Any] | None = None  # echoed: the server transcribes with its own Whisper
     speaks: bool = True  # output_modalities ["audio"] (with its transcript); False: ["text"]
+    vad_asked: tuple[tuple[str, Any], ...] = ()  # the turn_detection values the client itself set
     tools: tuple[dict[str, Any], ...] = ()  # the client's functions (checked by the call's ToolBox)
     tool_choice: Any = "auto"
     id: str = field(default_factory=lambda: new_id("sess"))
+
+    def endpointing(self, base: EndpointingConfig) -> EndpointingConfig:
+        """The server's end-of-turn settings with what the client asked for applied: server_vad's
+        threshold and prefix_padding_ms as they are, its silence_duration_ms as the longest pause
+        waited out (the server's end-of-turn detection may end a turn sooner); semantic_vad's
+        eagerness as more patience (low: twice) or less (high: half)."""
+        asked = dict(self.vad_asked)
+        update: dict[str, Any] = {}
+        if isinstance(asked.get("threshold"), int | float) and 0 < asked["threshold"] < 1:
+            update["threshold"] = float(asked["threshold"])
+        if isinstance(asked.get("prefix_padding_ms"), int) and asked["prefix_padding_ms"] >= 0:
+            update["prefix_padding_ms"] = asked["prefix_padding_ms"]
+        if isinstance(asked.get("silence_duration_ms"), int) and asked["silence_duration_ms"] >= 64:
+            update["max_patience_ms"] = min(base.max_patience_ms, asked["silence_duration_ms"])
+            update["end_silence_ms"] = asked["silence_duration_ms"]
+        scale = {"low": 2.0, "high": 0.5}.get(str(asked.get("eagerness")))
+        if scale is not None:
+            update["max_patience_ms"] = int(base.max_patience_ms * scale)
+        return base.model_copy(update=update)
 
     @property
     def input_rate(self) -> int:
@@ -98,8 +119,7 @@ def _ga_update(current: RealtimeSettings, session: dict[str, Any]) -> RealtimeSe
     if "format" in audio_out:
         new = replace(new, output_format=_ga_format(audio_out["format"], "session.audio.output.format"))
     if "turn_detection" in audio_in:
-        new = replace(new, turn_detection=_turn_detection(audio_in["turn_detection"], new.turn_detection,
-                                                          "session.audio.input.turn_detection"))
+        new = _with_turn_detection(new, audio_in["turn_detection"], "session.audio.input.turn_detection")
     if "transcription" in audio_in:
         new = replace(new, transcription=audio_in["transcription"])
     if isinstance(audio_out.get("voice"), str | dict):
@@ -121,8 +141,7 @@ def _beta_update(current: RealtimeSettings, session: dict[str, Any]) -> Realtime
             new = replace(new, input_format=BETA_FORMATS[name]) if attr == "input_format" else replace(
                 new, output_format=BETA_FORMATS[name])
     if "turn_detection" in session:
-        new = replace(new, turn_detection=_turn_detection(session["turn_detection"], new.turn_detection,
-                                                          "session.turn_detection"))
+        new = _with_turn_detection(new, session["turn_detection"], "session.turn_detection")
     if "input_audio_transcription" in session:
         new = replace(new, transcription=session["input_audio_transcription"])
     if isinstance(session.get("voice"), str):
@@ -164,6 +183,14 @@ def _ga_format(value: Any, param: str) -> str:
         raise SettingsError("invalid_value", f"{param}: {value['type']} is {FORMAT_RATES[name]} Hz, not {rate}",
                             f"{param}.rate")
     return name
+
+
+def _with_turn_detection(current: RealtimeSettings, value: Any, param: str) -> RealtimeSettings:
+    detection = _turn_detection(value, current.turn_detection, param)
+    same_kind = detection["type"] == current.turn_detection["type"]
+    asked = {**(dict(current.vad_asked) if same_kind else {}),
+             **{k: v for k, v in value.items() if k not in ("type", "create_response", "interrupt_response")}}
+    return replace(current, turn_detection=detection, vad_asked=tuple(sorted(asked.items())))
 
 
 def _turn_detection(value: Any, current: dict[str, Any], param: str) -> dict[str, Any]:

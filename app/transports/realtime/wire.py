@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -271,10 +272,12 @@ class RealtimeWire:
                                          settings.output_rate)
         self.outbound.speaks = settings.speaks
         client = getattr(self.call.websocket, "client", None)
+        config = runtime.pipeline_config()
+        config = dataclasses.replace(config, endpointing=settings.endpointing(config.endpointing))
         session = self.call.start_session(self.outbound, input_rate=settings.input_rate,
                                           output_rate=settings.output_rate, toolbox=self.toolbox,
                                           system_prompt=settings.instructions or None,
-                                          caller=client.host if client else None)
+                                          caller=client.host if client else None, config=config)
         session.speaks = settings.speaks
         log.info("%s started (%s in, %s out, %s)", self.label, settings.input_format, settings.output_format,
                  settings.turn_detection["type"])

@@ -1,0 +1,129 @@
+"""What a session is made of: the engines it shares with other calls, its settings, its transport
+(Outbound) and recording tap (AudioTap), and one reply in flight (Reply)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from core.worker import ModelWorker
+from models.protocols import (
+    Audio,
+    ChatMessage,
+    GenerationStats,
+    LanguageModel,
+    SamplingParams,
+    SpeechRecognizer,
+    Synthesizer,
+    TurnDetector,
+    VoiceActivityDetector,
+)
+from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
+from pipeline.events import (
+    OutEvent,
+    ReplyAudio,
+)
+from pipeline.tools import ToolRun
+from pipeline.turns import PhraseLedger, Turn
+
+
+@dataclass
+class Backends:
+    """The loaded engines, shared by all sessions, each with its own worker thread."""
+
+    vad: VoiceActivityDetector
+    asr: SpeechRecognizer
+    tts: Synthesizer
+    llm: LanguageModel
+    turn: TurnDetector | None = None  # the end-of-turn model (None: turns end on silence alone)
+    tools_llm: LanguageModel | None = None  # llm.tools_model, for calls that have tools (None: `llm` serves them)
+    vad_worker: ModelWorker = field(default_factory=lambda: ModelWorker("vad"))
+    # urgent like the ASR: a caller who paused waits for its answer
+    turn_worker: ModelWorker = field(default_factory=lambda: ModelWorker("turn", priority="urgent"))
+    asr_worker: ModelWorker = field(default_factory=lambda: ModelWorker("asr", priority="urgent"))
+    tts_worker: ModelWorker = field(default_factory=lambda: ModelWorker("tts"))
+
+    def llm_for(self, tools: bool) -> LanguageModel:
+        """The LLM of a call (or request) that has tools, or of one that has none."""
+        return self.tools_llm if tools and self.tools_llm is not None else self.llm
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    endpointing: EndpointingConfig
+    asr: AsrStageConfig
+    chunker: ChunkerConfig
+    session: SessionConfig
+    sampling: SamplingParams
+
+
+class AudioTap(Protocol):
+    """Where the reply audio is also written, placed at the time it plays for the caller (a call's
+    recording: app/store/recording.py). Called on the audio path: it must return at once."""
+
+    def bot(self, samples: Audio, rate: int, at: float) -> None: ...
+
+    def bot_stopped(self, at: float) -> None:
+        """The reply was cut off at `at`: audio placed after it was never heard."""
+        ...
+
+
+class Outbound(Protocol):
+    """The transport's side: each call returns once the message is written to the caller."""
+
+    async def send_event(self, event: OutEvent) -> None: ...
+
+    async def send_audio(self, pcm16: bytes, turn_id: int) -> None:
+        """Reply audio at the session's output rate, of the turn `turn_id` (a phone transport marks
+        how much of each turn's audio it sent, to learn how much was played)."""
+        ...
+
+
+@dataclass
+class Reply:
+    turn: Turn
+    ledger: PhraseLedger = field(default_factory=PhraseLedger)
+    playout: asyncio.Queue[ReplyAudio | None] = field(default_factory=asyncio.Queue)
+    stats: GenerationStats | None = None
+    error: str | None = None
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    finished: bool = False
+    queued_samples: int = 0  # produced but not yet sent (bounded by session.max_playout_s)
+    room: asyncio.Event = field(default_factory=asyncio.Event)  # set while queued_samples is under the bound
+    played_samples: int | None = None  # what the client says it has played (None: it has not said)
+    offset_samples: int = 0  # the turn's audio sent by earlier replies to it: the client's count includes them
+    played_at: float = 0.0  # clock time of that report
+    playback_stopped: bool = False  # the client stopped playing there (a Realtime truncate): not carried forward
+    prompt: tuple[ChatMessage, ...] = ()  # what the LLM is asked
+    user_text: str = ""  # the caller's words it answers
+    # A preemptive reply (started at a pause) sends nothing until the turn is confirmed over.
+    confirmed: asyncio.Event = field(default_factory=asyncio.Event)
+    preemptive: bool = False
+    unsent: list[OutEvent] = field(default_factory=list)  # text deltas and errors held until confirmed
+    words: int = 0  # words generated so far
+    first_audio_due: float | None = None  # clock time: end of speech + session.first_audio_budget_ms
+    deadline_missed: bool = False  # its first audio went out after first_audio_due
+    underruns: int = 0  # gaps in its audio once it started: the next chunk came after the playhead ran out
+    underrun_s: float = 0.0  # their total length
+    # Tool calls (pipeline/tools.py): a reply that makes calls ends with status "tool_calls"; their
+    # results lead to one follow-up reply to the same turn (step + 1).
+    step: int = 1
+    runs: list[ToolRun] = field(default_factory=list)  # its calls, dispatched
+    run_tasks: list[asyncio.Task[ToolRun]] = field(default_factory=list)
+    history_at: int = 0  # where its message (text and calls) and the results go in the history
+    fixed_text: str | None = None  # said as is, without the LLM (the filler while a tool runs)
+    produced: asyncio.Event = field(default_factory=asyncio.Event)  # its generation is over
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # finished or cancelled
+    kept_text: str | None = None  # what the history keeps of its words (set when it finishes)
+    speaks: bool = True  # False: a text reply (the Realtime API's output_modalities ["text"]): no TTS, no audio
+
+
+@dataclass
+class Goodbye:
+    """The last reply of a call the agent ends: hung up once the client has played `need` samples
+    of the turn's audio (or once it surely has, without reports)."""
+
+    turn_id: int
+    need: int
+    played_samples: int = 0

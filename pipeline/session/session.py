@@ -1,0 +1,229 @@
+"""One caller's session: the whole flow of the voice pipeline, wired in one place.
+
+    audio in -> vad_stage -> asr_stage                         (the input line, for the whole call)
+    transcript -> llm_stage -> chunk_stage -> tts_stage -> playout -> audio out   (one reply line per turn)
+
+The input line runs for the whole call. Each final transcript starts a reply: a producer task runs
+the reply line and fills a playout queue; a player task sends its audio no faster than real time
+(plus a small lead), so "sent" stays close to "heard". When the caller speaks during a reply
+(barge-in) the reply's generation is bumped, both tasks are cancelled, the LLM and TTS work stops,
+and the history keeps only the part of the reply that was sent.
+
+Keys pressed on a phone (DTMF, `on_dtmf`) are a turn of their own: collected until
+`session.dtmf_timeout_ms` passes without one, then answered like words ("The caller pressed 4 2 #
+on the phone keypad."). Speech turns and keypad turns are numbered from one counter."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from models.protocols import (
+    ChatMessage,
+)
+from pipeline.asr_stage import asr_stage
+from pipeline.endpointing import vad_stage
+from pipeline.events import (
+    AudioFrame,
+    InputEvent,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
+    TranscriptEarly,
+    TranscriptFinal,
+    TranscriptPartial,
+)
+from pipeline.session.barge_in import BargeInMixin
+from pipeline.session.keypad import KeypadMixin
+from pipeline.session.playout import PlayoutMixin
+from pipeline.session.replies import RepliesMixin
+from pipeline.session.tool_calls import ToolCallsMixin
+from pipeline.turn_judge import TurnJudge
+from pipeline.turn_policy import TurnPolicy, bare_words
+from pipeline.turns import Turn
+
+log = logging.getLogger(__name__)
+
+
+class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMixin):
+    """One caller's session: its input line (this module) and its parts (see the package doc)."""
+
+    # -- the input line --------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Run until `audio_in` yields None (the caller hung up), then stop any reply."""
+        self._prepare(tuple(self.history))
+        b = self.backends
+        words = self.config.endpointing.text_signal and b.llm.weighs_words
+        self.judge = TurnJudge(TurnPolicy(self.config.endpointing, words), b.turn, b.turn_worker, words)
+        vad_stream = b.vad.new_stream()
+        speech = vad_stage(self._frames(), vad_stream, b.vad_worker, self.config.endpointing, self.clock,
+                           b.vad.sample_rate, b.vad.window_samples, self.judge, self.turn_ids)
+        events = asr_stage(speech, self.backends.asr, self.backends.asr_worker, self.config.asr, self.clock,
+                           self._bot_talking)
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    await self._on_input(event)
+        finally:
+            self.closed = True
+            self._release_reply()
+            if self.preparing is not None:
+                self.preparing.cancel()
+            if self.dtmf_timer is not None:
+                self.dtmf_timer.cancel()
+            if self.words_task is not None:
+                self.words_task.cancel()
+            for task in self.tool_tasks:
+                task.cancel()
+            for future in self.asked.values():
+                future.cancel()
+            # the caller is gone: a reply they heard part of is still kept (on_turn), not sent
+            await self._cancel_reply("interrupted", send=False, keep=True)
+            await self.conversation.aclose()
+
+    async def _frames(self) -> AsyncIterator[AudioFrame]:
+        while (frame := await self.audio_in.get()) is not None:
+            self.audio_in_samples -= len(frame.samples)
+            yield frame
+
+    async def _on_input(self, event: InputEvent) -> None:
+        if isinstance(event, SpeechStarted):
+            self.last_started = max(self.last_started, event.turn_id)
+            await self.outbound.send_event(event)
+            reply = self.reply
+            if reply is not None and reply.preemptive and not reply.confirmed.is_set():
+                # a new turn before the last one's reply was confirmed: that reply answers words the
+                # caller has since added to (they join this turn), and nobody heard it
+                await self._discard_preemptive(reply, "the caller spoke again")
+            elif reply is not None:
+                self._hold_reply(event.turn_id)
+            return
+        if isinstance(event, SpeechStopped):
+            if self.pending_barge == event.turn_id and self.barge_timer is not None:
+                self.barge_timer.cancel()  # short: its words (or none) decide
+            turn = self.turns.setdefault(event.turn_id, Turn(event.turn_id))
+            turn.mark("speech_end", event.at)
+            turn.ended_at = event.ended_at
+            await self.outbound.send_event(event)
+            return
+        if isinstance(event, SpeechResumed):
+            reply = self.reply
+            if reply is not None and reply.preemptive and not reply.confirmed.is_set():
+                await self._discard_preemptive(reply, "the caller went on")
+            elif reply is not None and event.turn_id in self.let_go:
+                # after a backchannel the caller goes on: over the bot again, so hold it again
+                self.let_go.discard(event.turn_id)
+                self._hold_reply(event.turn_id)
+            return
+        if isinstance(event, TranscriptEarly):
+            if self.pending_barge == event.turn_id:
+                # the caller spoke over the bot and paused: what they said so far decides at once
+                # (the end of their turn can be a second away when it does not sound finished)
+                if self._is_backchannel(event.text):
+                    self._let_go(event.turn_id, event.text)
+                    self.let_go.add(event.turn_id)  # until its final transcript, or until it goes on
+                else:
+                    await self._barge_in("a word")
+            elif (self.reply is None and self.pending_barge is None and event.turn_id == self.last_started
+                    and event.text.strip()):
+                if self.words_task is not None:
+                    self.words_task.cancel()  # an earlier pause's, still weighing
+                words = " ".join([*self.held, event.text.strip()]).strip()
+                self.words_task = asyncio.create_task(self._weigh_words(event.turn_id, words))
+            return
+        if isinstance(event, TranscriptFinal) and event.turn_id in self.let_go:
+            self.let_go.discard(event.turn_id)
+            if self._is_backchannel(event.text):  # the backchannel let go at its pause, as it ended
+                await self.outbound.send_event(event)
+                self.turns.pop(event.turn_id, None)
+                return
+        await self.outbound.send_event(event)
+        # An interim transcript over the bot does not decide: Whisper reads a word cut off mid-way as
+        # another (whisper-tiny.en heard "Okay." cut at 300 ms as "Thank you."). The caller's first
+        # pause (whole words, TranscriptEarly), the end of the speech, or its length decides.
+        if isinstance(event, TranscriptFinal) and self.pending_barge == event.turn_id:
+            if self._is_backchannel(event.text):
+                self._let_go(event.turn_id, event.text)
+                self.turns.pop(event.turn_id, None)
+                return
+            await self._barge_in("a word")
+        if isinstance(event, TranscriptPartial) and self.reply is None and event.text.strip():
+            self._prepare((*self._prompt(), ChatMessage("user", event.text.strip())))
+        if isinstance(event, TranscriptFinal):
+            turn = self.turns.setdefault(event.turn_id, Turn(event.turn_id))
+            turn.mark("asr_final", event.at)
+            text = event.text.strip()
+            if self.last_started > event.turn_id:
+                # The caller started talking again before this transcript was ready: never answer
+                # over them. What they said joins the turn they went on with.
+                if text:
+                    log.info("turn %d: final transcript after the caller went on; joins turn %d",
+                             event.turn_id, self.last_started)
+                    self.held.append(text)
+                self.turns.pop(event.turn_id, None)
+            elif text or self.held:
+                text = " ".join([*self.held, text]).strip()
+                self.held.clear()
+                reply = self.reply
+                if reply is not None and reply.preemptive and not reply.confirmed.is_set():
+                    if reply.turn.turn_id == event.turn_id and reply.user_text == text:
+                        await self._confirm(reply)
+                        return
+                    await self._discard_preemptive(reply, "the final transcript differs")
+                await self._start_reply(turn, text)
+            else:
+                self.turns.pop(event.turn_id, None)
+
+    async def _weigh_words(self, turn_id: int, words: str) -> None:
+        """The caller paused, and their words so far are transcribed: the language model's
+        probability that their sentence ends there goes to the end-of-turn judge; then the reply
+        starts preemptively on those words (from the cache that computation left: one prefill)."""
+        probability, judge = None, self.judge
+        if judge is not None and judge.expects_words:
+            try:
+                asked = (*self._prompt(), ChatMessage("user", bare_words(words)))
+                probability = await self.conversation.end_of_turn(asked, self._tools(1))
+            except Exception as exc:  # the words are evidence; without them the sound decides
+                log.warning("turn %d: the LLM's end-of-turn probability failed: %s", turn_id, exc)
+            if probability is not None:
+                log.debug("turn %d: P(end of sentence | %r) = %.3f", turn_id, words, probability)
+            judge.words(turn_id, probability)
+        turn = self.turns.get(turn_id) or Turn(turn_id)
+        if (self.config.session.preemptive and self.reply is None and self.pending_barge is None
+                and turn_id == self.last_started and not self.closed and "asr_final" not in turn.marks):
+            self.turns[turn_id] = turn
+            await self._start_reply(turn, words, preemptive=True)
+
+    # -- turns a client asks for (the Realtime API's conversation.item.create and response.create) --
+    def set_instructions(self, text: str) -> None:
+        """The system prompt of the replies from now on."""
+        self.history[0] = ChatMessage("system", text)
+
+    async def on_text(self, text: str | None) -> int:
+        """A turn the client typed, or (None) a reply to the conversation as it stands: answered like
+        a spoken turn whose transcript is ready at once (its `speech_end` is now). It stops the
+        reply in progress. Returns the turn's id (0: the caller has gone)."""
+        if self.closed:
+            return 0
+        turn = Turn(next(self.turn_ids))
+        self.last_started = max(self.last_started, turn.turn_id)
+        now = self.clock.now()
+        turn.mark("speech_end", now)
+        turn.mark("asr_final", now)
+        turn.ended_at = now
+        self.turns[turn.turn_id] = turn
+        reply = self.reply
+        if reply is not None and reply.preemptive and not reply.confirmed.is_set():
+            await self._discard_preemptive(reply, "the client asked for a reply")  # nobody heard it
+        await self._start_reply(turn, text)
+        return turn.turn_id
+
+    async def cancel_reply(self) -> bool:
+        """The client stops the reply in progress (it ends `interrupted`, keeping what was heard);
+        False when none is in progress."""
+        if self.reply is None or not self.reply.confirmed.is_set():
+            return False
+        await self._barge_in("the client cancelled it")
+        return True
