@@ -116,6 +116,7 @@ class Reply:
     produced: asyncio.Event = field(default_factory=asyncio.Event)  # its generation is over
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # finished or cancelled
     kept_text: str | None = None  # what the history keeps of its words (set when it finishes)
+    in_history: bool = True  # False: an out-of-band reply, which the history does not keep
     speaks: bool = True  # False: a text reply (the Realtime API's output_modalities ["text"]): no TTS, no audio
 
 

@@ -72,25 +72,30 @@ class RepliesMixin(SessionState):
             log.warning("LLM head start failed: %s", exc)
 
     async def _start_reply(self, turn: Turn, text: str | None, preemptive: bool = False, step: int = 1,
-                           fixed_text: str | None = None) -> None:
+                           fixed_text: str | None = None, instructions: str | None = None,
+                           in_history: bool = True) -> None:
         """Start the reply line for the caller's words. A preemptive reply (at a pause, on the early
         transcript) runs the LLM and TTS at once but sends nothing until `_confirm`; its words join
         the history only then. `text` None: a reply to the same turn (a follow-up to tool results,
-        step > 1, or the `fixed_text` filler)."""
+        step > 1, or the `fixed_text` filler). `instructions`: this reply's system prompt;
+        `in_history` False: neither the words nor the reply join the history (an out-of-band reply)."""
         if self.closed:
             log.info("turn %d: not answered: the caller has gone", turn.turn_id)
             return
         self._release_reply()
         await self._cancel_reply("interrupted")
         user = ChatMessage("user", text or "")
-        if text is not None and not preemptive:
+        if text is not None and not preemptive and in_history:
             self.history.append(user)
         if text is not None:
             self.answering = turn.turn_id
         self.generation += 1
-        reply = Reply(turn, prompt=(*self._prompt(), user) if preemptive else self._prompt(), user_text=text or "",
-                      preemptive=preemptive, step=step, fixed_text=fixed_text, offset_samples=turn.sent_samples,
-                      speaks=self.speaks)
+        prompt = (*self._prompt(), user) if preemptive or (text is not None and not in_history) else self._prompt()
+        if instructions is not None:
+            prompt = (ChatMessage("system", instructions), *prompt[1:])
+        reply = Reply(turn, prompt=prompt, user_text=text or "", preemptive=preemptive, step=step,
+                      fixed_text=fixed_text, offset_samples=turn.sent_samples, speaks=self.speaks,
+                      in_history=in_history)
         if not preemptive:
             reply.confirmed.set()
         self.reply = reply
@@ -224,7 +229,7 @@ class RepliesMixin(SessionState):
         else:  # no word from the client: what was sent, paced to playback, is the best estimate
             text = reply.ledger.sent_text()
         reply.kept_text = text
-        if text and not reply.runs and reply.fixed_text is None:  # calls' replies: see _after_tools
+        if text and not reply.runs and reply.fixed_text is None and reply.in_history:  # calls': see _after_tools
             self.history.append(ChatMessage("assistant", text))
         if not reply.runs:
             self.turns.pop(reply.turn.turn_id, None)

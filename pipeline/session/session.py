@@ -201,10 +201,11 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
         """The system prompt of the replies from now on."""
         self.history[0] = ChatMessage("system", text)
 
-    async def on_text(self, text: str | None) -> int:
+    async def on_text(self, text: str | None, instructions: str | None = None, in_history: bool = True) -> int:
         """A turn the client typed, or (None) a reply to the conversation as it stands: answered like
         a spoken turn whose transcript is ready at once (its `speech_end` is now). It stops the
-        reply in progress. Returns the turn's id (0: the caller has gone)."""
+        reply in progress. `instructions`: this reply's system prompt; `in_history` False: an
+        out-of-band reply, kept out of the history. Returns the turn's id (0: the caller has gone)."""
         if self.closed:
             return 0
         turn = Turn(next(self.turn_ids))
@@ -217,7 +218,7 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
         reply = self.reply
         if reply is not None and reply.preemptive and not reply.confirmed.is_set():
             await self._discard_preemptive(reply, "the client asked for a reply")  # nobody heard it
-        await self._start_reply(turn, text)
+        await self._start_reply(turn, text, instructions=instructions, in_history=in_history)
         return turn.turn_id
 
     async def cancel_reply(self) -> bool:

@@ -143,7 +143,8 @@ class SessionState:
         raise NotImplementedError  # replies.py
 
     async def _start_reply(self, turn: Turn, text: str | None, preemptive: bool = False, step: int = 1,
-                           fixed_text: str | None = None) -> None:
+                           fixed_text: str | None = None, instructions: str | None = None,
+                           in_history: bool = True) -> None:
         raise NotImplementedError  # replies.py
 
     def _tools(self, step: int) -> Tools | None:

@@ -186,6 +186,31 @@ async def test_text_only_replies_by_session_or_by_response() -> None:
     await asyncio.wait_for(task, 5)
 
 
+async def test_an_out_of_band_response_with_its_own_instructions_leaves_the_conversation_alone() -> None:
+    call, socket, llm = make_call(replies=[REPLY, "A question about Italy.", REPLY])
+    task = asyncio.create_task(call.serve())
+    socket.send(type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Capital of Italy?"}]})
+    socket.send(type="response.create")
+    await until(socket, "response.done")
+    assert call.session is not None
+    history = list(call.session.history)
+    socket.send(type="response.create", response={"conversation": "none", "instructions": "Summarize the call.",
+                                                  "output_modalities": ["text"]})
+    while len(done := [e for e in socket.events() if e["type"] == "response.done"]) < 2:
+        await asyncio.sleep(0.02)
+    oob = done[1]["response"]
+    assert oob["conversation_id"] is None and done[0]["response"]["conversation_id"]
+    assert oob["output"][0]["content"] == [{"type": "output_text", "text": "A question about Italy."}]
+    assert llm.requests[1][0].content == "Summarize the call."  # its own instructions
+    assert [m.content for m in llm.requests[1][1:]] == [m.content for m in history[1:]]  # the conversation's words
+    assert call.session.history == history  # and the conversation is as it was
+    added = [e["item"]["id"] for e in socket.events() if e["type"] == "conversation.item.added"]
+    assert oob["output"][0]["id"] not in added
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
@@ -240,7 +265,8 @@ async def test_a_function_call_round_trip_waits_for_the_output_and_response_crea
      "session.audio.input.turn_detection"),
     ({"type": "session.update", "session": {"output_modalities": ["video"]}}, "invalid_value",
      "session.output_modalities"),
-    ({"type": "response.create", "response": {"conversation": "none"}}, "unsupported", "response"),
+    ({"type": "response.create", "response": {"input": [{"type": "message"}]}}, "unsupported", "response"),
+    ({"type": "response.create", "response": {"conversation": "other"}}, "invalid_value", "response.conversation"),
     ({"type": "response.cancel"}, "response_cancel_not_active", None),
     ({"type": "conversation.item.truncate", "item_id": "item_x", "content_index": 0, "audio_end_ms": 1.5},
      "invalid_value", "audio_end_ms"),

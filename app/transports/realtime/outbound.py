@@ -46,6 +46,7 @@ class Response:
     message: dict[str, Any] | None = None
     message_index: int = 0
     speaks: bool = True  # audio with its transcript; False: text
+    in_conversation: bool = True  # False: out of band (conversation "none"): its items join no conversation
 
 
 class RealtimeOutbound:
@@ -57,6 +58,7 @@ class RealtimeOutbound:
         self.output_format = output_format
         self.output_rate = output_rate
         self.user_items: dict[int, str] = {}  # turn id -> the caller's message item
+        self.conversation_id = new_id("conv")
         self.items: dict[str, dict[str, Any]] = {}  # item id -> item, for conversation.item.retrieve
         self.item_turns: dict[str, tuple[int, float]] = {}  # assistant item -> (turn id, its audio's offset)
         self.last_item: str | None = None
@@ -66,6 +68,7 @@ class RealtimeOutbound:
         self.calls_sent: set[str] = set()  # function calls the client was shown
         self.speaks = True  # the session's output_modalities: audio (with its transcript), or text
         self.next_speaks: bool | None = None  # response.create's own output_modalities, for the next response
+        self.next_in_conversation = True  # response.create's conversation ("none": False), for the next response
         # one Session event at a time: a function call (asked from its own task) and the end of the
         # reply that made it must not interleave their events
         self.lock = asyncio.Lock()
@@ -157,12 +160,13 @@ class RealtimeOutbound:
         if self.response is not None and self.response.turn_id == turn_id:
             return self.response
         speaks = self.speaks if self.next_speaks is None else self.next_speaks
-        self.next_speaks = None
-        response = Response(new_id("resp"), turn_id, self.turn_sent_ms.get(turn_id, 0.0), speaks=speaks)
+        response = Response(new_id("resp"), turn_id, self.turn_sent_ms.get(turn_id, 0.0), speaks=speaks,
+                            in_conversation=self.next_in_conversation)
+        self.next_speaks, self.next_in_conversation = None, True
         self.response = response
         await self.send("response.created", response={"id": response.id, "object": "realtime.response",
                                                       "status": "in_progress", "output": [],
-                                                      **self._modalities(response)})
+                                                      **self._conversation(response), **self._modalities(response)})
         return response
 
     async def _message(self, turn_id: int) -> Response:
@@ -176,7 +180,8 @@ class RealtimeOutbound:
         self.item_turns[item["id"]] = (turn_id, response.offset_ms)
         await self.send("response.output_item.added", response_id=response.id, output_index=response.message_index,
                         item=item)
-        await self.add_item(item)
+        if response.in_conversation:
+            await self.add_item(item)
         part = {"type": "audio", "transcript": ""} if response.speaks else {"type": "text", "text": ""}
         await self.send("response.content_part.added", **self._where(response), part=part)
         return response
@@ -207,6 +212,9 @@ class RealtimeOutbound:
         if opened:  # asked after its reply had ended: a response of its own
             await self._close(response, "completed", None, None)
 
+    def _conversation(self, response: Response) -> dict[str, Any]:
+        return {"conversation_id": self.conversation_id if response.in_conversation else None}
+
     def _modalities(self, response: Response) -> dict[str, Any]:
         if self.dialect.beta:
             return {"modalities": ["audio", "text"] if response.speaks else ["text"]}
@@ -229,10 +237,11 @@ class RealtimeOutbound:
             item = message_item(response.message["id"], "assistant",
                                 "completed" if status == "completed" else "incomplete", [content])
             response.output[response.message_index] = response.message = item
-            self.items[item["id"]] = item
             await self.send("response.output_item.done", response_id=response.id,
                             output_index=response.message_index, item=item)
-            await self.send("conversation.item.done", item=item)
+            if response.in_conversation:
+                self.items[item["id"]] = item
+                await self.send("conversation.item.done", item=item)
         for run in done.tool_calls:  # a call the reply made, if the client was not shown it yet
             if run.get("runs_on") == "client":
                 await self._function_call(done.turn_id, ToolCall(run["call_id"], run["name"], run["arguments"]))
@@ -261,7 +270,7 @@ class RealtimeOutbound:
             "llm": stats.as_dict() if stats else {}}}
         await self.send("response.done", response={
             "id": response.id, "object": "realtime.response", "status": status, "status_details": details,
-            "output": response.output, "usage": usage, **self._modalities(response),
+            "output": response.output, "usage": usage, **self._conversation(response), **self._modalities(response),
             # this server's own figures, in a field OpenAI's clients ignore (docs/realtime.md)
             **extras,
         })

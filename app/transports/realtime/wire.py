@@ -223,25 +223,36 @@ class RealtimeWire:
         if not isinstance(asked, dict):
             raise RealtimeError("invalid_value", "`response` must be an object", "response")
         modalities = "modalities" if self.dialect.beta else "output_modalities"
-        unsupported = sorted(k for k, v in asked.items()
-                             if v not in (None, [], "auto") and k not in ("metadata", modalities))
+        served = ("metadata", modalities, "instructions", "conversation")
+        unsupported = sorted(k for k, v in asked.items() if v not in (None, [], "auto") and k not in served)
         if unsupported:
             raise RealtimeError("unsupported", f"response.create with {', '.join(unsupported)} is not served yet: "
-                                "a response answers the conversation with the session's settings", "response")
+                                "a response answers the conversation with the session's tools", "response")
         speaks = (self.settings.speaks if asked.get(modalities) is None
                   else speaks_for(asked[modalities], f"response.{modalities}"))
+        instructions = asked.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise RealtimeError("invalid_value", "response.instructions must be a string", "response.instructions")
+        conversation = asked.get("conversation", "auto")
+        if conversation not in ("auto", "none", None):
+            raise RealtimeError("invalid_value", "response.conversation must be 'auto' or 'none'",
+                                "response.conversation")
+        out_of_band = conversation == "none"
         self._start()
         session, outbound = self.call.session, self.outbound
         assert session is not None and outbound is not None
-        outputs, self.pending_outputs = self.pending_outputs, []
-        answered = [session.on_function_output(call_id, output) for call_id, output in outputs]
-        if any(answered) and not self.pending_text:
-            return  # the reply that made the calls goes on from their results
-        text = " ".join(self.pending_text).strip() or None
-        self.pending_text.clear()
-        session.speaks, outbound.next_speaks = speaks, speaks  # this response's; the session's after it
+        if not out_of_band:
+            outputs, self.pending_outputs = self.pending_outputs, []
+            answered = [session.on_function_output(call_id, output) for call_id, output in outputs]
+            if any(answered) and not self.pending_text:
+                return  # the reply that made the calls goes on from their results
+        text = None if out_of_band else " ".join(self.pending_text).strip() or None
+        if not out_of_band:
+            self.pending_text.clear()
+        # this response's own settings; the session's hold again after it
+        session.speaks, outbound.next_speaks, outbound.next_in_conversation = speaks, speaks, not out_of_band
         try:
-            await session.on_text(text)
+            await session.on_text(text, instructions=instructions or None, in_history=not out_of_band)
         finally:
             session.speaks = self.settings.speaks
 
