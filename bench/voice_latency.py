@@ -237,8 +237,8 @@ async def one_realtime_call(server: Server, question: str, tmp: Path) -> dict:
     heard = [e for _, e in kinds if getattr(e, "type", "").endswith("input_audio_transcription.completed")]
     ours = done.get("voice_agent", {})
     return {
-        "ended_by": None, "preemptive": False, "discarded": 0, "question": question,
-        "heard": getattr(heard[0], "transcript", "") if heard else "",
+        "ended_by": None, "preemptive": ours.get("preemptive", False), "discarded": ours.get("discarded", 0),
+        "question": question, "heard": getattr(heard[0], "transcript", "") if heard else "",
         "reply": done["output"][0]["content"][0].get("transcript", "") if done.get("output") else "",
         "status": done["status"], "marks": ours.get("latency_ms", {}), "server_v2v": ours.get("voice_to_voice_ms"),
         "true_v2v": (first_audio - true_end) * 1000 if first_audio else None,

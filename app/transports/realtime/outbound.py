@@ -266,8 +266,8 @@ class RealtimeOutbound:
         }
         extras = {} if done is None else {"voice_agent": {
             "turn_id": done.turn_id, "latency_ms": done.latency_ms, "voice_to_voice_ms": done.voice_to_voice_ms,
-            "deadline_missed": done.deadline_missed, "underruns": done.underruns,
-            "llm": stats.as_dict() if stats else {}}}
+            "deadline_missed": done.deadline_missed, "underruns": done.underruns, "preemptive": done.preemptive,
+            "discarded": done.discarded, "llm": stats.as_dict() if stats else {}}}
         await self.send("response.done", response={
             "id": response.id, "object": "realtime.response", "status": status, "status_details": details,
             "output": response.output, "usage": usage, **self._conversation(response), **self._modalities(response),
