@@ -134,6 +134,33 @@ async def test_the_beta_dialect_gets_beta_names_and_g711_audio() -> None:
     await asyncio.wait_for(task, 5)
 
 
+async def test_with_turn_detection_null_the_client_commits_its_turn_and_asks_for_the_reply() -> None:
+    call, socket, llm = make_call(finals=["What is the capital of Italy?"])
+    task = asyncio.create_task(call.serve())
+    socket.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+    assert (await until(socket, "session.updated"))["session"]["audio"]["input"]["turn_detection"] is None
+    for chunk in speech(24000)[:3]:  # some audio, then thrown away
+        socket.send(type="input_audio_buffer.append", audio=chunk)
+    socket.send(type="input_audio_buffer.clear")
+    await until(socket, "input_audio_buffer.cleared")
+    socket.send(type="input_audio_buffer.commit", event_id="evt_empty")
+    assert (await until(socket, "error"))["error"]["code"] == "input_audio_buffer_commit_empty"
+    for chunk in speech(24000):
+        socket.send(type="input_audio_buffer.append", audio=chunk)
+    socket.send(type="input_audio_buffer.commit")
+    transcript = await until(socket, "conversation.item.input_audio_transcription.completed")
+    assert transcript["transcript"] == "What is the capital of Italy?"
+    await asyncio.sleep(0.3)
+    assert not llm.requests  # no reply until the client asks
+    assert not [e for e in socket.events() if e["type"].startswith("input_audio_buffer.speech")]  # no server VAD
+    socket.send(type="response.create")
+    done = await until(socket, "response.done")
+    assert done["response"]["status"] == "completed"
+    assert llm.requests[0][-1].content == "What is the capital of Italy?"
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
 async def test_a_typed_message_and_response_create_get_a_spoken_reply() -> None:
     call, socket, llm = make_call()
     task = asyncio.create_task(call.serve())
@@ -235,6 +262,10 @@ async def test_a_function_call_round_trip_waits_for_the_output_and_response_crea
     # the output alone makes no reply: like OpenAI's server, this one waits for response.create
     socket.send(type="conversation.item.create", item={"type": "function_call_output", "call_id": "call_1",
                                                        "output": '{"sky": "sunny"}'})
+    socket.send(type="conversation.item.create", item={"type": "function_call_output", "call_id": "call_1",
+                                                       "output": "twice"}, event_id="evt_twice")
+    twice = await until(socket, "error")
+    assert twice["error"]["code"] == "unknown_call_id" and twice["error"]["event_id"] == "evt_twice"
     await asyncio.sleep(0.3)
     assert len(llm.requests) == 1
     socket.send(type="response.create")
@@ -245,11 +276,11 @@ async def test_a_function_call_round_trip_waits_for_the_output_and_response_crea
         second = [e for e in socket.events() if e["type"] == "response.done"]
     assert second[1]["response"]["output"][0]["content"][0]["transcript"] == "It is sunny in Paris."
     tool_message = llm.requests[1][-1]
-    assert tool_message.role == "tool" and tool_message.content == '{"sky": "sunny"}'
+    assert tool_message.role == "tool" and tool_message.content == '{"sky": "sunny"}'  # the first output only
     socket.send(type="conversation.item.create", item={"type": "function_call_output", "call_id": "call_1",
                                                        "output": "again"}, event_id="evt_again")
-    error = await until(socket, "error")
-    assert error["error"]["code"] == "unknown_call_id" and error["error"]["event_id"] == "evt_again"
+    while not [e for e in socket.events() if e["type"] == "error" and e["error"]["event_id"] == "evt_again"]:
+        await asyncio.sleep(0.02)
     socket.inbox.put_nowait({"type": "websocket.disconnect"})
     await asyncio.wait_for(task, 5)
 
@@ -261,8 +292,8 @@ async def test_a_function_call_round_trip_waits_for_the_output_and_response_crea
     ({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}},
      "invalid_value", "session.audio.input.format.rate"),
     ({"type": "session.update", "session": {"tools": [{"type": "function"}]}}, "invalid_tools", "session.tools"),
-    ({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}, "unsupported",
-     "session.audio.input.turn_detection"),
+    ({"type": "input_audio_buffer.commit"}, "unsupported", None),
+    ({"type": "input_audio_buffer.clear"}, "unsupported", None),
     ({"type": "session.update", "session": {"output_modalities": ["video"]}}, "invalid_value",
      "session.output_modalities"),
     ({"type": "response.create", "response": {"input": [{"type": "message"}]}}, "unsupported", "response"),
@@ -271,6 +302,7 @@ async def test_a_function_call_round_trip_waits_for_the_output_and_response_crea
     ({"type": "conversation.item.truncate", "item_id": "item_x", "content_index": 0, "audio_end_ms": 1.5},
      "invalid_value", "audio_end_ms"),
     ({"type": "conversation.item.retrieve", "item_id": "item_x"}, "item_not_found", "item_id"),
+    ({"type": "conversation.item.delete", "item_id": "item_x"}, "unsupported", "item_id"),
     ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": []}},
      "invalid_value", "item.content"),
 ])

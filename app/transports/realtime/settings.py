@@ -29,7 +29,7 @@ class RealtimeSettings:
     input_format: str = "pcm"  # pcm (24 kHz PCM16), pcmu, pcma (8 kHz G.711)
     output_format: str = "pcm"
     voice: str = "alloy"  # echoed: the server speaks with its own TTS voice (tts.voice)
-    turn_detection: dict[str, Any] = field(default_factory=lambda: {
+    turn_detection: dict[str, Any] | None = field(default_factory=lambda: {
         "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,
         "create_response": True, "interrupt_response": True, "idle_timeout_ms": None})
     transcription: dict[str, Any] | None = None  # echoed: the server transcribes with its own Whisper
@@ -186,24 +186,24 @@ def _ga_format(value: Any, param: str) -> str:
 
 
 def _with_turn_detection(current: RealtimeSettings, value: Any, param: str) -> RealtimeSettings:
-    detection = _turn_detection(value, current.turn_detection, param)
-    same_kind = detection["type"] == current.turn_detection["type"]
+    if value is None:  # the client commits its turns (input_audio_buffer.commit) and asks for replies
+        return replace(current, turn_detection=None, vad_asked=())
+    detection = _turn_detection(value, current.turn_detection or {}, param)
+    same_kind = current.turn_detection is not None and detection["type"] == current.turn_detection["type"]
     asked = {**(dict(current.vad_asked) if same_kind else {}),
              **{k: v for k, v in value.items() if k not in ("type", "create_response", "interrupt_response")}}
     return replace(current, turn_detection=detection, vad_asked=tuple(sorted(asked.items())))
 
 
 def _turn_detection(value: Any, current: dict[str, Any], param: str) -> dict[str, Any]:
-    if value is None:
-        raise SettingsError("unsupported", f"{param} null (the client commits turns) is not served yet: the "
-                            "server's own end-of-turn detection decides; use server_vad or semantic_vad", param)
     if not isinstance(value, dict) or value.get("type") not in TURN_DETECTIONS:
         raise SettingsError("invalid_value", f"{param}.type must be one of {list(TURN_DETECTIONS)}", f"{param}.type")
     for flag in ("create_response", "interrupt_response"):
         if value.get(flag) is False:
             raise SettingsError("unsupported", f"{param}.{flag} false is not served yet: the server answers "
                                 "every turn and stops its reply when the caller speaks over it", f"{param}.{flag}")
-    kept = {k: v for k, v in current.items() if k != "type" and k != "eagerness"}
+    kept = {k: v for k, v in current.items() if k != "type" and k != "eagerness"} or {
+        "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500, "idle_timeout_ms": None}
     if value["type"] == "semantic_vad":
         kept = {"create_response": True, "interrupt_response": True, "eagerness": "auto"}
     return {**kept, **value, "create_response": True, "interrupt_response": True}

@@ -15,6 +15,7 @@ import json
 import logging
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, WebSocket
 
 from app.runtime import Runtime
@@ -25,11 +26,12 @@ from app.transports.realtime.protocol import Dialect, error_event, message_item,
 from app.transports.realtime.settings import RealtimeSettings, SettingsError
 from app.transports.realtime.settings import speaks as speaks_for
 from core.errors import ConfigError
-from pipeline.audio import alaw_to_pcm16, mulaw_to_pcm16, pcm16_to_float
+from pipeline.audio import alaw_to_pcm16, mulaw_to_pcm16, pcm16_to_float, resample
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 PATH = "/v1/realtime"
+MAX_PENDING_ITEMS = 64  # typed messages waiting for a response.create
 
 
 class RealtimeError(Exception):
@@ -48,6 +50,8 @@ class RealtimeWire:
         self.outbound: RealtimeOutbound | None = None
         self.pending_text: list[str] = []  # user text items not yet answered (response.create answers them)
         self.pending_outputs: list[tuple[str, str]] = []  # function_call_output items, given at response.create
+        self.buffer: list[np.ndarray] = []  # turn_detection null: the caller's audio until they commit it
+        self.buffered = 0  # its samples
         # The call's tools: the client's (session.tools) and the server's own. No spoken filler while a
         # call runs: a Realtime client waits for its function's result in silence, or speaks its own.
         self.toolbox = call.runtime.toolbox()
@@ -139,18 +143,55 @@ class RealtimeWire:
             raise RealtimeError("invalid_value", f"audio/pcm is 16-bit: {len(data)} bytes is not a whole sample",
                                 "audio")
         self._start()
-        if data:
-            pcm = data if fmt == "pcm" else mulaw_to_pcm16(data) if fmt == "pcmu" else alaw_to_pcm16(data)
-            await self.call.feed(pcm16_to_float(pcm))
+        if not data:
+            return
+        samples = pcm16_to_float(data if fmt == "pcm" else mulaw_to_pcm16(data) if fmt == "pcmu"
+                                 else alaw_to_pcm16(data))
+        if self.settings.turn_detection is not None:
+            return await self.call.feed(samples)
+        limit = int(self.call.runtime.settings.endpointing.max_turn_s * self.settings.input_rate)
+        if self.buffered + len(samples) > limit:
+            raise RealtimeError("input_audio_buffer_full", f"the input audio buffer holds at most "
+                                f"{limit / self.settings.input_rate:g} s (endpointing.max_turn_s): commit or clear it")
+        self.buffer.append(samples)
+        self.buffered += len(samples)
 
     async def audio_commit(self, event: dict[str, Any]) -> None:
-        raise RealtimeError("unsupported", "the server commits the caller's audio itself at the end of their speech "
-                            f"({self.settings.turn_detection['type']}); a client commit (turn_detection null) is "
-                            "not served yet")
+        """turn_detection null: the client ends its turn; the buffer becomes a user message,
+        transcribed, that the next response.create answers."""
+        detection = self.settings.turn_detection
+        if detection is not None:
+            raise RealtimeError("unsupported", f"with {detection['type']} the server commits the caller's audio itself "
+                                "at the end of their speech; set turn_detection null to commit it yourself")
+        rate = self.settings.input_rate
+        if self.buffered < rate // 10:
+            raise RealtimeError("input_audio_buffer_commit_empty", f"the buffer holds {1000 * self.buffered // rate} "
+                                "ms of audio; commit at least 100 ms")
+        self._start()
+        runtime, outbound = self.call.runtime, self.outbound
+        assert runtime.backends is not None and outbound is not None
+        audio = resample(np.concatenate(self.buffer), rate, runtime.backends.asr.sample_rate)
+        self.buffer, self.buffered = [], 0
+        item_id = new_id("item")
+        await self._send("input_audio_buffer.committed", item_id=item_id, previous_item_id=outbound.last_item)
+        await outbound.add_item(message_item(item_id, "user", "completed", [{"type": "input_audio",
+                                                                             "transcript": None}]))
+        text = await runtime.backends.asr_worker.run(runtime.backends.asr.transcribe, audio)
+        await self._send("conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0,
+                         transcript=text, usage={"type": "duration", "seconds": round(len(audio) / 16000, 3)})
+        item = message_item(item_id, "user", "completed", [{"type": "input_audio", "transcript": text}])
+        outbound.items[item_id] = item
+        await self._send("conversation.item.done", item=item)
+        if text.strip():
+            self.pending_text.append(text.strip())
 
     async def audio_clear(self, event: dict[str, Any]) -> None:
-        raise RealtimeError("unsupported", "input_audio_buffer.clear is not served yet: the server's turn "
-                            "detection owns the audio it has been sent")
+        detection = self.settings.turn_detection
+        if detection is not None:
+            raise RealtimeError("unsupported", f"with {detection['type']} the server's turn detection owns the audio "
+                                "it has been sent; set turn_detection null to clear a buffer of your own")
+        self.buffer, self.buffered = [], 0
+        await self._send("input_audio_buffer.cleared")
 
     async def item_create(self, event: dict[str, Any]) -> None:
         item = event.get("item")
@@ -176,6 +217,9 @@ class RealtimeWire:
         limit = self.call.runtime.settings.session.max_instructions_chars
         if len(text) > limit:
             raise RealtimeError("invalid_value", f"a message is limited to {limit} characters", "item.content")
+        if len(self.pending_text) >= MAX_PENDING_ITEMS:
+            raise RealtimeError("too_many_items", f"{MAX_PENDING_ITEMS} messages wait for a response.create already",
+                                "item")
         await self._add(message_item(item_id, "user", "completed", [{"type": "input_text", "text": text}]))
         self.pending_text.append(text)
 
@@ -186,7 +230,8 @@ class RealtimeWire:
         if not isinstance(call_id, str) or not isinstance(output, str):
             raise RealtimeError("invalid_value", "a function_call_output needs `call_id` and `output`, both strings",
                                 "item")
-        if self.call.session is None or call_id not in self.call.session.asked:
+        if self.call.session is None or call_id not in self.call.session.asked or any(
+                waiting == call_id for waiting, _ in self.pending_outputs):
             raise RealtimeError("unknown_call_id", f"no function call {call_id[:80]!r} is waiting for its output "
                                 "(answered already, timed out, or never asked)", "item.call_id")
         await self._add({"id": item_id, "object": "realtime.item", "type": "function_call_output", "call_id": call_id,
@@ -256,6 +301,10 @@ class RealtimeWire:
         finally:
             session.speaks = self.settings.speaks
 
+    async def item_delete(self, event: dict[str, Any]) -> None:
+        raise RealtimeError("unsupported", "conversation.item.delete is not served yet: the conversation keeps its "
+                            "items; open a new session to start afresh", "item_id")
+
     async def response_cancel(self, event: dict[str, Any]) -> None:
         session = self.call.session
         if session is None or not await session.cancel_reply():
@@ -290,8 +339,9 @@ class RealtimeWire:
                                           system_prompt=settings.instructions or None,
                                           caller=client.host if client else None, config=config)
         session.speaks = settings.speaks
+        detection = settings.turn_detection
         log.info("%s started (%s in, %s out, %s)", self.label, settings.input_format, settings.output_format,
-                 settings.turn_detection["type"])
+                 detection["type"] if detection else "the client commits turns")
 
 
 HANDLERS = {
@@ -302,6 +352,7 @@ HANDLERS = {
     "conversation.item.create": RealtimeWire.item_create,
     "conversation.item.retrieve": RealtimeWire.item_retrieve,
     "conversation.item.truncate": RealtimeWire.item_truncate,
+    "conversation.item.delete": RealtimeWire.item_delete,
     "response.create": RealtimeWire.response_create,
     "response.cancel": RealtimeWire.response_cancel,
 }
