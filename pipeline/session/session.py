@@ -172,6 +172,10 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
                         await self._confirm(reply)
                         return
                     await self._discard_preemptive(reply, "the final transcript differs")
+                if self.on_words is not None:  # the client asks for each reply (Realtime create_response false)
+                    self.turns.pop(event.turn_id, None)
+                    self.on_words(text)
+                    return
                 await self._start_reply(turn, text)
             else:
                 self.turns.pop(event.turn_id, None)
@@ -191,7 +195,8 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
                 log.debug("turn %d: P(end of sentence | %r) = %.3f", turn_id, words, probability)
             judge.words(turn_id, probability)
         turn = self.turns.get(turn_id) or Turn(turn_id)
-        if (self.config.session.preemptive and self.reply is None and self.pending_barge is None
+        if (self.config.session.preemptive and self.on_words is None and self.reply is None
+                and self.pending_barge is None
                 and turn_id == self.last_started and not self.closed and "asr_final" not in turn.marks):
             self.turns[turn_id] = turn
             await self._start_reply(turn, words, preemptive=True)

@@ -68,6 +68,9 @@ class SessionState:
         self.conversation: Conversation = backends.llm_for(has_tools).conversation()
         self.audio_in: asyncio.Queue[AudioFrame | None] = asyncio.Queue()
         self.audio_in_samples = 0  # samples queued in audio_in (the transport bounds it)
+        # None: every turn is answered; else the caller's words go to it, and the client asks for each
+        # reply (on_text), as the Realtime API's create_response false has it
+        self.on_words: Callable[[str], None] | None = None
         self.speaks = True  # replies are spoken; False: text only (no TTS), for the replies started from now
         self.turns: dict[int, Turn] = {}
         self.reply: Reply | None = None

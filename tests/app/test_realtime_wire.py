@@ -161,6 +161,26 @@ async def test_with_turn_detection_null_the_client_commits_its_turn_and_asks_for
     await asyncio.wait_for(task, 5)
 
 
+async def test_with_create_response_false_the_server_detects_the_turn_and_the_client_asks_for_the_reply() -> None:
+    call, socket, llm = make_call(finals=["What is the capital of Italy?"])
+    task = asyncio.create_task(call.serve())
+    socket.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": {
+        "type": "server_vad", "create_response": False}}}})
+    updated = await until(socket, "session.updated")
+    assert updated["session"]["audio"]["input"]["turn_detection"]["create_response"] is False
+    for chunk in speech(24000):
+        socket.send(type="input_audio_buffer.append", audio=chunk)
+    await until(socket, "conversation.item.input_audio_transcription.completed")
+    await asyncio.sleep(0.3)
+    assert not llm.requests  # the turn was detected, and not answered
+    socket.send(type="response.create")
+    done = await until(socket, "response.done")
+    assert done["response"]["status"] == "completed"
+    assert llm.requests[0][-1].content == "What is the capital of Italy?"
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
 async def test_a_typed_message_and_response_create_get_a_spoken_reply() -> None:
     call, socket, llm = make_call()
     task = asyncio.create_task(call.serve())
@@ -293,6 +313,9 @@ async def test_a_function_call_round_trip_waits_for_the_output_and_response_crea
      "invalid_value", "session.audio.input.format.rate"),
     ({"type": "session.update", "session": {"tools": [{"type": "function"}]}}, "invalid_tools", "session.tools"),
     ({"type": "input_audio_buffer.commit"}, "unsupported", None),
+    ({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
+        "type": "server_vad", "interrupt_response": False}}}}}, "unsupported",
+     "session.audio.input.turn_detection.interrupt_response"),
     ({"type": "input_audio_buffer.clear"}, "unsupported", None),
     ({"type": "session.update", "session": {"output_modalities": ["video"]}}, "invalid_value",
      "session.output_modalities"),

@@ -18,7 +18,7 @@ from openai import AsyncOpenAI
 from models.asr_faster_whisper import FasterWhisperRecognizer
 from models.config import AsrConfig
 from pipeline.audio import alaw_to_pcm16, pcm16_to_mulaw, resample
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import Server, kept_call
 from tests.speech import speech_samples, words
 
 pytestmark = pytest.mark.slow
@@ -173,9 +173,10 @@ async def test_a_barge_in_with_truncate_keeps_what_was_heard(server: Server, tmp
         assert second["response"]["id"] != first and second["response"]["status"] == "completed", second
 
 
-async def test_a_typed_message_gets_a_spoken_answer_and_a_bad_event_an_error(server: Server) -> None:
+async def test_a_typed_message_gets_a_spoken_answer_a_text_one_and_the_call_is_kept(server: Server) -> None:
     async with ga_client(server).realtime.connect(model="gpt-realtime") as connection:
         line = Line(connection, 24000, "pcm")
+        session_id = (await line.wait_for("session.created", 10))["session"]["id"]
         await connection.send({"type": "input_audio_buffer.append", "audio": "not base64!", "event_id": "evt_bad"})
         error = await line.wait_for("error", 10)
         assert error["error"]["event_id"] == "evt_bad" and error["error"]["param"] == "audio", error
@@ -186,3 +187,17 @@ async def test_a_typed_message_gets_a_spoken_answer_and_a_bad_event_an_error(ser
         said = done["response"]["output"][0]["content"][0]["transcript"]
         assert {"four", "4"} & set(words(said)), said
         assert line.of("response.output_audio.delta")
+        mark = len(line.events)
+        await connection.conversation.item.create(item={
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "And three plus three?"}]})
+        await connection.response.create(response={"output_modalities": ["text"]})
+        text_done = await line.wait_for("response.done", 90, after=mark)
+        written = text_done["response"]["output"][0]["content"][0]
+        assert written["type"] == "output_text" and {"six", "6"} & set(words(written["text"])), written
+        assert not line.of("response.output_audio.delta", after=mark)  # a text reply: no audio
+        assert words("".join(e["delta"] for e in line.of("response.output_text.delta", after=mark))) == words(
+            written["text"])
+    # the QA store keeps a Realtime call like any other
+    record = await kept_call(server, session_id, 2)
+    assert record["call"]["transport"] == "realtime" and len(record["turns"]) == 2, record["call"]
+    assert [t["user_text"] for t in record["turns"]] == ["What is two plus two?", "And three plus three?"]

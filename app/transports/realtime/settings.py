@@ -59,6 +59,11 @@ class RealtimeSettings:
         return base.model_copy(update=update)
 
     @property
+    def answers_turns(self) -> bool:
+        """The server answers each turn its turn detection ends (create_response), else the client asks."""
+        return self.turn_detection is not None and self.turn_detection.get("create_response", True) is not False
+
+    @property
     def input_rate(self) -> int:
         return FORMAT_RATES[self.input_format]
 
@@ -198,12 +203,14 @@ def _with_turn_detection(current: RealtimeSettings, value: Any, param: str) -> R
 def _turn_detection(value: Any, current: dict[str, Any], param: str) -> dict[str, Any]:
     if not isinstance(value, dict) or value.get("type") not in TURN_DETECTIONS:
         raise SettingsError("invalid_value", f"{param}.type must be one of {list(TURN_DETECTIONS)}", f"{param}.type")
-    for flag in ("create_response", "interrupt_response"):
-        if value.get(flag) is False:
-            raise SettingsError("unsupported", f"{param}.{flag} false is not served yet: the server answers "
-                                "every turn and stops its reply when the caller speaks over it", f"{param}.{flag}")
+    if value.get("interrupt_response") is False:
+        raise SettingsError("unsupported", f"{param}.interrupt_response false is not served yet: the server stops "
+                            "its reply when the caller speaks over it", f"{param}.interrupt_response")
+    if not isinstance(value.get("create_response", True), bool):
+        raise SettingsError("invalid_value", f"{param}.create_response must be true or false",
+                            f"{param}.create_response")
     kept = {k: v for k, v in current.items() if k != "type" and k != "eagerness"} or {
         "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500, "idle_timeout_ms": None}
     if value["type"] == "semantic_vad":
         kept = {"create_response": True, "interrupt_response": True, "eagerness": "auto"}
-    return {**kept, **value, "create_response": True, "interrupt_response": True}
+    return {"create_response": True, **kept, **value, "interrupt_response": True}

@@ -127,6 +127,7 @@ class RealtimeWire:
             self.call.session.set_instructions(new.instructions or self._default_prompt())
         if self.call.session is not None and self.outbound is not None:
             self.call.session.speaks = self.outbound.speaks = new.speaks
+            self.call.session.on_words = None if new.answers_turns else self._heard
         self.settings = new
         await self._send("session.updated", session=self._session_json())
 
@@ -319,6 +320,11 @@ class RealtimeWire:
     def _session_json(self) -> dict[str, Any]:
         return self.settings.as_beta() if self.dialect.beta else self.settings.as_ga()
 
+    def _heard(self, text: str) -> None:
+        """create_response false: the caller's words wait for the client's response.create."""
+        if len(self.pending_text) < MAX_PENDING_ITEMS:
+            self.pending_text.append(text)
+
     def _default_prompt(self) -> str:
         return self.call.runtime.settings.session.system_prompt
 
@@ -339,6 +345,7 @@ class RealtimeWire:
                                           system_prompt=settings.instructions or None,
                                           caller=client.host if client else None, config=config)
         session.speaks = settings.speaks
+        session.on_words = None if settings.answers_turns else self._heard
         detection = settings.turn_detection
         log.info("%s started (%s in, %s out, %s)", self.label, settings.input_format, settings.output_format,
                  detection["type"] if detection else "the client commits turns")
