@@ -181,6 +181,21 @@ async def test_with_create_response_false_the_server_detects_the_turn_and_the_cl
     await asyncio.wait_for(task, 5)
 
 
+async def test_an_audio_message_item_is_transcribed_and_answered() -> None:
+    call, socket, llm = make_call(finals=["What is the capital of Italy?"])
+    task = asyncio.create_task(call.serve())
+    audio = base64.b64encode(b"".join(base64.b64decode(c) for c in speech(24000))).decode()
+    socket.send(type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]})
+    added = await until(socket, "conversation.item.added")
+    assert added["item"]["content"] == [{"type": "input_audio", "transcript": "What is the capital of Italy?"}]
+    socket.send(type="response.create")
+    await until(socket, "response.done")
+    assert llm.requests[0][-1].content == "What is the capital of Italy?"
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
 async def test_a_typed_message_and_response_create_get_a_spoken_reply() -> None:
     call, socket, llm = make_call()
     task = asyncio.create_task(call.serve())

@@ -131,23 +131,32 @@ class RealtimeWire:
         self.settings = new
         await self._send("session.updated", session=self._session_json())
 
-    async def audio_append(self, event: dict[str, Any]) -> None:
-        audio = event.get("audio")
+    def _samples(self, audio: Any, param: str) -> np.ndarray:
+        """Base64 audio in the session's input format, as float samples at its rate."""
         if not isinstance(audio, str):
-            raise RealtimeError("invalid_value", "input_audio_buffer.append needs `audio`: base64 audio", "audio")
+            raise RealtimeError("invalid_value", f"`{param}` must be base64 audio", param)
         try:
             data = base64.b64decode(audio, validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise RealtimeError("invalid_value", f"`audio` is not base64: {exc}", "audio") from exc
+            raise RealtimeError("invalid_value", f"`{param}` is not base64: {exc}", param) from exc
         fmt = self.settings.input_format
         if fmt == "pcm" and len(data) % 2:
             raise RealtimeError("invalid_value", f"audio/pcm is 16-bit: {len(data)} bytes is not a whole sample",
-                                "audio")
+                                param)
+        return pcm16_to_float(data if fmt == "pcm" else mulaw_to_pcm16(data) if fmt == "pcmu" else alaw_to_pcm16(data))
+
+    async def _transcribe(self, samples: np.ndarray) -> str:
+        backends = self.call.runtime.backends
+        assert backends is not None
+        audio = resample(samples, self.settings.input_rate, backends.asr.sample_rate)
+        text: str = await backends.asr_worker.run(backends.asr.transcribe, audio)
+        return text.strip()
+
+    async def audio_append(self, event: dict[str, Any]) -> None:
+        samples = self._samples(event.get("audio"), "audio")
         self._start()
-        if not data:
+        if not len(samples):
             return
-        samples = pcm16_to_float(data if fmt == "pcm" else mulaw_to_pcm16(data) if fmt == "pcmu"
-                                 else alaw_to_pcm16(data))
         if self.settings.turn_detection is not None:
             return await self.call.feed(samples)
         limit = int(self.call.runtime.settings.endpointing.max_turn_s * self.settings.input_rate)
@@ -169,22 +178,22 @@ class RealtimeWire:
             raise RealtimeError("input_audio_buffer_commit_empty", f"the buffer holds {1000 * self.buffered // rate} "
                                 "ms of audio; commit at least 100 ms")
         self._start()
-        runtime, outbound = self.call.runtime, self.outbound
-        assert runtime.backends is not None and outbound is not None
-        audio = resample(np.concatenate(self.buffer), rate, runtime.backends.asr.sample_rate)
+        outbound = self.outbound
+        assert outbound is not None
+        audio = np.concatenate(self.buffer)
         self.buffer, self.buffered = [], 0
         item_id = new_id("item")
         await self._send("input_audio_buffer.committed", item_id=item_id, previous_item_id=outbound.last_item)
         await outbound.add_item(message_item(item_id, "user", "completed", [{"type": "input_audio",
                                                                              "transcript": None}]))
-        text = await runtime.backends.asr_worker.run(runtime.backends.asr.transcribe, audio)
+        text = await self._transcribe(audio)
         await self._send("conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0,
-                         transcript=text, usage={"type": "duration", "seconds": round(len(audio) / 16000, 3)})
+                         transcript=text, usage={"type": "duration", "seconds": round(len(audio) / rate, 3)})
         item = message_item(item_id, "user", "completed", [{"type": "input_audio", "transcript": text}])
         outbound.items[item_id] = item
         await self._send("conversation.item.done", item=item)
-        if text.strip():
-            self.pending_text.append(text.strip())
+        if text:
+            self.pending_text.append(text)
 
     async def audio_clear(self, event: dict[str, Any]) -> None:
         detection = self.settings.turn_detection
@@ -208,21 +217,29 @@ class RealtimeWire:
         content = item.get("content")
         if not isinstance(content, list) or not content:
             raise RealtimeError("invalid_value", "a message needs `content`: a list of parts", "item.content")
-        texts = []
+        texts, parts = [], []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") != "input_text" or not isinstance(part.get("text"), str):
-                raise RealtimeError("unsupported", "a user message's parts must be input_text (audio and images in "
-                                    "items are not served yet)", "item.content")
-            texts.append(part["text"])
-        text = " ".join(texts).strip()
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "input_text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+                parts.append({"type": "input_text", "text": part["text"]})
+            elif kind == "input_audio":  # transcribed by the server's Whisper, as a spoken turn is
+                heard = await self._transcribe(self._samples(part.get("audio"), "item.content.audio"))
+                texts.append(heard)
+                parts.append({"type": "input_audio", "transcript": heard})
+            else:
+                raise RealtimeError("unsupported", "a user message's parts must be input_text or input_audio "
+                                    "(images are not served)", "item.content")
+        text = " ".join(t for t in texts if t).strip()
         limit = self.call.runtime.settings.session.max_instructions_chars
         if len(text) > limit:
             raise RealtimeError("invalid_value", f"a message is limited to {limit} characters", "item.content")
         if len(self.pending_text) >= MAX_PENDING_ITEMS:
             raise RealtimeError("too_many_items", f"{MAX_PENDING_ITEMS} messages wait for a response.create already",
                                 "item")
-        await self._add(message_item(item_id, "user", "completed", [{"type": "input_text", "text": text}]))
-        self.pending_text.append(text)
+        await self._add(message_item(item_id, "user", "completed", parts))
+        if text:
+            self.pending_text.append(text)
 
     async def _function_output(self, item_id: str, item: dict[str, Any]) -> None:
         """The result of a function the server asked the client to run: kept until response.create,
