@@ -5,6 +5,7 @@ what the caller has heard."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from pipeline.audio import float_to_pcm16
 from pipeline.events import (
@@ -38,6 +39,33 @@ class PlayoutMixin(SessionState):
             reply.played_samples = min(reply.ledger.sent_samples(), max(played, reply.played_samples or 0))
         reply.played_at = self.clock.now()
         reply.playback_stopped = stopped
+
+    def cut_heard(self, turn_id: int, played_ms: float) -> str | None:
+        """The client stopped playing turn `turn_id`'s reply after `played_ms` (the Realtime API's
+        truncate): a reply still going keeps exactly those words when it ends; one already sent whole
+        has its words in the history cut to them now. The words heard, or None when the turn's reply
+        is neither going nor among the last ones finished."""
+        reply = self.reply
+        if reply is not None and reply.turn.turn_id == turn_id:
+            self.on_played(turn_id, played_ms, stopped=True)
+            return None
+        kept = self.finished.get(turn_id)
+        if kept is None:
+            return None
+        done, message = kept
+        heard = done.ledger.text_until(max(0, int(played_ms * self.output_rate / 1000) - done.offset_samples))
+        for i in range(len(self.history) - 1, -1, -1):
+            if self.history[i] is message:
+                if heard:
+                    self.history[i] = replace(message, content=heard)
+                    self.finished[turn_id] = (done, self.history[i])
+                else:
+                    del self.history[i]
+                    del self.finished[turn_id]
+                log.info("turn %d: the client stopped its audio at %.0f ms; the history keeps %r", turn_id,
+                         played_ms, heard)
+                break
+        return heard
 
     def _heard_samples(self, reply: Reply) -> int:
         """The client's last report, carried forward at playback speed to now, within what was sent."""

@@ -39,6 +39,7 @@ from pipeline.tts_stage import tts_stage
 from pipeline.turns import Turn
 
 log = logging.getLogger(__name__)
+FINISHED_KEPT = 4  # finished replies whose heard words a client may still correct (Session.cut_heard)
 
 
 async def _one(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:
@@ -230,7 +231,12 @@ class RepliesMixin(SessionState):
             text = reply.ledger.sent_text()
         reply.kept_text = text
         if text and not reply.runs and reply.fixed_text is None and reply.in_history:  # calls': see _after_tools
-            self.history.append(ChatMessage("assistant", text))
+            message = ChatMessage("assistant", text)
+            self.history.append(message)
+            if reply.speaks:  # a client may yet say it stopped playing it short (cut_heard)
+                self.finished[reply.turn.turn_id] = (reply, message)
+                while len(self.finished) > FINISHED_KEPT:
+                    del self.finished[next(iter(self.finished))]
         if not reply.runs:
             self.turns.pop(reply.turn.turn_id, None)
         done = ResponseDone(

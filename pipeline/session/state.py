@@ -71,6 +71,8 @@ class SessionState:
         # None: every turn is answered; else the caller's words go to it, and the client asks for each
         # reply (on_text), as the Realtime API's create_response false has it
         self.on_words: Callable[[str], None] | None = None
+        # the last replies sent whole, by turn, with the message the history keeps for each (cut_heard)
+        self.finished: dict[int, tuple[Reply, ChatMessage]] = {}
         self.speaks = True  # replies are spoken; False: text only (no TTS), for the replies started from now
         self.turns: dict[int, Turn] = {}
         self.reply: Reply | None = None

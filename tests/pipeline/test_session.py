@@ -312,6 +312,25 @@ async def test_a_stopped_playback_report_is_exact_and_a_client_cancel_keeps_it()
     await task
 
 
+async def test_a_reply_sent_whole_is_cut_to_what_was_heard_when_the_client_says_so() -> None:
+    """The server sends ahead of playback, so a reply can be sent whole while the caller still hears
+    it; a client that stopped playing (a Realtime truncate) has the history cut to what was heard."""
+    llm = FakeLLM([STORY])
+    session, out = make_session(llm, ["Tell me a story."])
+    session.config = replace(session.config, session=SessionConfig(output_lead_ms=10000, output_chunk_ms=20))
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.4, False)
+    await out.wait(lambda: done_events(out), timeout=10)
+    assert done_events(out)[0].status == "completed" and session.history[-1].content == STORY
+    assert session.cut_heard(1, 300.0) == " ".join(STORY.split()[:3])
+    assert session.history[-1].content == " ".join(STORY.split()[:3])
+    assert session.cut_heard(1, 0.0) == "" and session.history[-1].role == "user"  # nothing heard: nothing kept
+    assert session.cut_heard(7, 300.0) is None  # no such reply
+    await session.audio_in.put(None)
+    await task
+
+
 def session_ledger_sent_text(out: RecordingOutbound) -> list[str]:
     """The words the sent audio stands for (0.1 s a word at 8 kHz, 2 bytes a sample)."""
     seconds = sum(len(a) for a in out.audio) / 2 / 8000

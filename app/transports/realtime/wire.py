@@ -278,7 +278,11 @@ class RealtimeWire:
             raise RealtimeError("item_not_found", f"no assistant audio item {str(item_id)[:80]!r}", "item_id")
         turn_id, offset_ms = placed
         assert self.call.session is not None
-        self.call.session.on_played(turn_id, offset_ms + end, stopped=True)  # exactly what was heard
+        heard = self.call.session.cut_heard(turn_id, offset_ms + end)  # exactly what was heard
+        item = self.outbound.items.get(str(item_id)) if self.outbound is not None else None
+        if heard is not None and item is not None:  # a reply sent whole: its item says what was heard now
+            item["content"] = [self.dialect.audio_part(heard)]
+            item["status"] = "incomplete"
         await self._send("conversation.item.truncated", item_id=item_id, content_index=0, audio_end_ms=end)
 
     async def response_create(self, event: dict[str, Any]) -> None:
