@@ -37,6 +37,7 @@ from pipeline.events import (
 )
 from pipeline.session.barge_in import BargeInMixin
 from pipeline.session.keypad import KeypadMixin
+from pipeline.session.parts import Reply
 from pipeline.session.playout import PlayoutMixin
 from pipeline.session.replies import RepliesMixin
 from pipeline.session.tool_calls import ToolCallsMixin
@@ -97,7 +98,7 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
                 # a new turn before the last one's reply was confirmed: that reply answers words the
                 # caller has since added to (they join this turn), and nobody heard it
                 await self._discard_preemptive(reply, "the caller spoke again")
-            elif reply is not None:
+            elif reply is not None and self.speech_interrupts:
                 self._hold_reply(event.turn_id)
             return
         if isinstance(event, SpeechStopped):
@@ -112,7 +113,7 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
             reply = self.reply
             if reply is not None and reply.preemptive and not reply.confirmed.is_set():
                 await self._discard_preemptive(reply, "the caller went on")
-            elif reply is not None and event.turn_id in self.let_go:
+            elif reply is not None and event.turn_id in self.let_go and self.speech_interrupts:
                 # after a backchannel the caller goes on: over the bot again, so hold it again
                 self.let_go.discard(event.turn_id)
                 self._hold_reply(event.turn_id)
@@ -176,9 +177,23 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
                     self.turns.pop(event.turn_id, None)
                     self.on_words(text)
                     return
+                reply = self.reply
+                if not self.speech_interrupts and reply is not None and reply.confirmed.is_set():
+                    # the caller spoke over a reply that speech does not interrupt: answered after it
+                    waiting = asyncio.create_task(self._answer_after(reply, turn, text))
+                    self.tool_tasks.add(waiting)
+                    waiting.add_done_callback(self.tool_tasks.discard)
+                    return
                 await self._start_reply(turn, text)
             else:
                 self.turns.pop(event.turn_id, None)
+
+    async def _answer_after(self, reply: Reply, turn: Turn, text: str) -> None:
+        await reply.ended.wait()
+        if self.reply is None or not self.reply.confirmed.is_set():
+            await self._start_reply(turn, text)
+        else:  # another reply began meanwhile (a client's response.create): this turn waits for it too
+            await self._answer_after(self.reply, turn, text)
 
     async def _weigh_words(self, turn_id: int, words: str) -> None:
         """The caller paused, and their words so far are transcribed: the language model's

@@ -73,6 +73,7 @@ class SessionState:
         self.on_words: Callable[[str], None] | None = None
         # the last replies sent whole, by turn, with the message the history keeps for each (cut_heard)
         self.finished: dict[int, tuple[Reply, ChatMessage]] = {}
+        self.speech_interrupts = True  # False: the caller's speech neither pauses nor stops a reply (it waits)
         self.speaks = True  # replies are spoken; False: text only (no TTS), for the replies started from now
         self.turns: dict[int, Turn] = {}
         self.reply: Reply | None = None

@@ -181,6 +181,49 @@ async def test_with_create_response_false_the_server_detects_the_turn_and_the_cl
     await asyncio.wait_for(task, 5)
 
 
+class PeekingRecognizer(FakeRecognizer):
+    """A fake recognizer whose interim passes (beam 1, made while the bot talks) read the next final
+    transcript without using it up."""
+
+    def transcribe(self, audio: Any, beam_size: int | None = None) -> str:
+        if beam_size == 1:
+            return self.finals[0] if self.finals else ""
+        return super().transcribe(audio, beam_size)
+
+
+async def test_with_interrupt_response_false_speech_over_a_reply_waits_for_it_to_end() -> None:
+    story = " ".join(["Once upon a time a dragon flew over the sea."] * 6)
+    call, socket, llm = make_call(replies=[story, REPLY])
+    assert call.runtime.backends is not None
+    call.runtime.backends.asr = PeekingRecognizer(["Tell me a story.", "And then?"])
+    task = asyncio.create_task(call.serve())
+    socket.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": {
+        "type": "server_vad", "interrupt_response": False}}}})
+    updated = await until(socket, "session.updated")
+    assert updated["session"]["audio"]["input"]["turn_detection"]["interrupt_response"] is False
+    for chunk in speech(24000):
+        socket.send(type="input_audio_buffer.append", audio=chunk)
+    await until(socket, "response.output_audio.delta")
+    mark = len(socket.events())
+    for chunk in speech(24000):  # the caller speaks over the reply
+        socket.send(type="input_audio_buffer.append", audio=chunk)
+    await until(socket, "input_audio_buffer.speech_stopped")
+    for _ in range(150):
+        if len(done := [e for e in socket.events() if e["type"] == "response.done"]) >= 2:
+            break
+        for chunk in speech(24000)[-3:]:  # silence
+            socket.send(type="input_audio_buffer.append", audio=chunk)
+        await asyncio.sleep(0.1)
+    assert len(done) == 2, [e["type"] for e in socket.events()[mark:] if "delta" not in e["type"]]
+    assert done[0]["response"]["status"] == "completed", done[0]["response"]["status_details"]
+    assert done[0]["response"]["output"][0]["content"][0]["transcript"] == story  # heard to its end
+    assert done[1]["response"]["output"][0]["content"][0]["transcript"] == REPLY  # then the caller's turn
+    assert llm.requests[1][-1].content == "And then?"
+    assert [e for e in socket.events()[mark:] if e["type"] == "input_audio_buffer.speech_started"]
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
 async def test_an_audio_message_item_is_transcribed_and_answered() -> None:
     call, socket, llm = make_call(finals=["What is the capital of Italy?"])
     task = asyncio.create_task(call.serve())
@@ -329,7 +372,7 @@ async def test_a_function_call_round_trip_waits_for_the_output_and_response_crea
     ({"type": "session.update", "session": {"tools": [{"type": "function"}]}}, "invalid_tools", "session.tools"),
     ({"type": "input_audio_buffer.commit"}, "unsupported", None),
     ({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
-        "type": "server_vad", "interrupt_response": False}}}}}, "unsupported",
+        "type": "server_vad", "interrupt_response": "no"}}}}}, "invalid_value",
      "session.audio.input.turn_detection.interrupt_response"),
     ({"type": "input_audio_buffer.clear"}, "unsupported", None),
     ({"type": "session.update", "session": {"output_modalities": ["video"]}}, "invalid_value",

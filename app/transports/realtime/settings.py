@@ -64,6 +64,11 @@ class RealtimeSettings:
         return self.turn_detection is not None and self.turn_detection.get("create_response", True) is not False
 
     @property
+    def interrupts(self) -> bool:
+        """The caller's speech pauses the reply, and a word stops it (interrupt_response)."""
+        return self.turn_detection is None or self.turn_detection.get("interrupt_response", True) is not False
+
+    @property
     def input_rate(self) -> int:
         return FORMAT_RATES[self.input_format]
 
@@ -203,14 +208,11 @@ def _with_turn_detection(current: RealtimeSettings, value: Any, param: str) -> R
 def _turn_detection(value: Any, current: dict[str, Any], param: str) -> dict[str, Any]:
     if not isinstance(value, dict) or value.get("type") not in TURN_DETECTIONS:
         raise SettingsError("invalid_value", f"{param}.type must be one of {list(TURN_DETECTIONS)}", f"{param}.type")
-    if value.get("interrupt_response") is False:
-        raise SettingsError("unsupported", f"{param}.interrupt_response false is not served yet: the server stops "
-                            "its reply when the caller speaks over it", f"{param}.interrupt_response")
-    if not isinstance(value.get("create_response", True), bool):
-        raise SettingsError("invalid_value", f"{param}.create_response must be true or false",
-                            f"{param}.create_response")
+    for flag in ("create_response", "interrupt_response"):
+        if not isinstance(value.get(flag, True), bool):
+            raise SettingsError("invalid_value", f"{param}.{flag} must be true or false", f"{param}.{flag}")
     kept = {k: v for k, v in current.items() if k != "type" and k != "eagerness"} or {
         "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500, "idle_timeout_ms": None}
     if value["type"] == "semantic_vad":
         kept = {"create_response": True, "interrupt_response": True, "eagerness": "auto"}
-    return {"create_response": True, **kept, **value, "interrupt_response": True}
+    return {"create_response": True, "interrupt_response": True, **kept, **value}

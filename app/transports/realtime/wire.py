@@ -128,6 +128,7 @@ class RealtimeWire:
         if self.call.session is not None and self.outbound is not None:
             self.call.session.speaks = self.outbound.speaks = new.speaks
             self.call.session.on_words = None if new.answers_turns else self._heard
+            self.call.session.speech_interrupts = new.interrupts
         self.settings = new
         await self._send("session.updated", session=self._session_json())
 
@@ -367,6 +368,7 @@ class RealtimeWire:
                                           caller=client.host if client else None, config=config)
         session.speaks = settings.speaks
         session.on_words = None if settings.answers_turns else self._heard
+        session.speech_interrupts = settings.interrupts
         detection = settings.turn_detection
         log.info("%s started (%s in, %s out, %s)", self.label, settings.input_format, settings.output_format,
                  detection["type"] if detection else "the client commits turns")
