@@ -231,10 +231,9 @@ async def one_realtime_call(server: Server, question: str, tmp: Path) -> dict:
             await connection.input_audio_buffer.append(audio=silence)
             sent += 1
         reader.cancel()
-    kinds = [(at, e) for at, e in events]
-    first_audio = next((at for at, e in kinds if getattr(e, "type", "") == "response.output_audio.delta"), None)
-    done = next(e for _, e in kinds if getattr(e, "type", "") == "response.done").model_dump()["response"]
-    heard = [e for _, e in kinds if getattr(e, "type", "").endswith("input_audio_transcription.completed")]
+    first_audio = next((at for at, e in events if getattr(e, "type", "") == "response.output_audio.delta"), None)
+    done = next(e for _, e in events if getattr(e, "type", "") == "response.done").model_dump()["response"]
+    heard = [e for _, e in events if getattr(e, "type", "").endswith("input_audio_transcription.completed")]
     ours = done.get("voice_agent", {})
     return {
         "ended_by": None, "preemptive": ours.get("preemptive", False), "discarded": ours.get("discarded", 0),

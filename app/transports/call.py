@@ -140,7 +140,6 @@ class Call:
         self.resampler: StreamResampler | None = None
         self.call_log: CallLog | None = None  # the call's QA record, from its start
         self.agent_hung_up = asyncio.Event()  # set by end_call's hang-up
-        self.opened = False  # holds a call slot (server.max_sessions)
         self.started = False  # the caller started the call (else it is closed after server.start_timeout_s)
         self.errors = 0  # bad messages, up to server.max_protocol_errors
         self.reason = ""  # the last thing reported, for the close frame
@@ -185,7 +184,6 @@ class Call:
 
     def open(self) -> None:
         self.runtime.open_session(self.session_id, self.transport)
-        self.opened = True
 
     def release(self) -> None:
         """Give back the call's slot in the server (server.max_sessions) and in its client's count."""

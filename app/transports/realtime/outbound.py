@@ -15,7 +15,6 @@ from typing import Any
 from app.metrics import Metrics
 from app.transports.call import SocketWriter
 from app.transports.realtime.protocol import Dialect, error_event, message_item, new_id
-from models.protocols import GenerationStats
 from models.tool_calls import ToolCall
 from pipeline.audio import pcm16_to_alaw, pcm16_to_mulaw
 from pipeline.events import (
@@ -63,7 +62,7 @@ class RealtimeOutbound:
         self.item_turns: dict[str, tuple[int, float]] = {}  # assistant item -> (turn id, its audio's offset)
         self.last_item: str | None = None
         self.response: Response | None = None
-        self.turn_sent_ms: dict[int, float] = {}  # audio sent per turn, every reply to it
+        self.turn_sent: dict[int, int] = {}  # samples sent per turn, every reply to it
         self.speech_ms: dict[int, list[float]] = {}  # turn id -> where its speech began and ended
         self.calls_sent: set[str] = set()  # function calls the client was shown
         self.speaks = True  # the session's output_modalities: audio (with its transcript), or text
@@ -132,8 +131,7 @@ class RealtimeOutbound:
         response = await self._message(turn_id)
         data = (pcm16 if self.output_format == "pcm" else
                 pcm16_to_mulaw(pcm16) if self.output_format == "pcmu" else pcm16_to_alaw(pcm16))
-        samples = len(pcm16) // 2
-        self.turn_sent_ms[turn_id] = self.turn_sent_ms.get(turn_id, 0.0) + 1000 * samples / self.output_rate
+        self.turn_sent[turn_id] = self.turn_sent.get(turn_id, 0) + len(pcm16) // 2
         await self.send("response.output_audio.delta", **self._where(response),
                         delta=base64.b64encode(data).decode())
 
@@ -143,10 +141,13 @@ class RealtimeOutbound:
         if item_id is None or item_id not in self.items:
             return  # a turn the client typed: its item was added when the client created it
         start, end = self.speech_ms.pop(event.turn_id, (0.0, 0.0))
-        seconds = round(max(0.0, end - start) / 1000, 3)
+        await self.transcribed(item_id, event.text, max(0.0, end - start) / 1000)
+
+    async def transcribed(self, item_id: str, text: str, seconds: float) -> None:
+        """The caller's audio message `item_id` is transcribed: its transcript, and the item done."""
         await self.send("conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0,
-                        transcript=event.text, usage={"type": "duration", "seconds": seconds})
-        item = message_item(item_id, "user", "completed", [{"type": "input_audio", "transcript": event.text}])
+                        transcript=text, usage={"type": "duration", "seconds": round(seconds, 3)})
+        item = message_item(item_id, "user", "completed", [{"type": "input_audio", "transcript": text}])
         self.items[item_id] = item
         await self.send("conversation.item.done", item=item)
 
@@ -160,7 +161,8 @@ class RealtimeOutbound:
         if self.response is not None and self.response.turn_id == turn_id:
             return self.response
         speaks = self.speaks if self.next_speaks is None else self.next_speaks
-        response = Response(new_id("resp"), turn_id, self.turn_sent_ms.get(turn_id, 0.0), speaks=speaks,
+        offset_ms = 1000 * self.turn_sent.get(turn_id, 0) / self.output_rate
+        response = Response(new_id("resp"), turn_id, offset_ms, speaks=speaks,
                             in_conversation=self.next_in_conversation)
         self.next_speaks, self.next_in_conversation = None, True
         self.response = response
@@ -210,7 +212,7 @@ class RealtimeOutbound:
         await self.send("response.output_item.done", response_id=response.id, output_index=index, item=item)
         await self.send("conversation.item.done", item=item)
         if opened:  # asked after its reply had ended: a response of its own
-            await self._close(response, "completed", None, None)
+            await self._close(response, "completed", None)
 
     def _conversation(self, response: Response) -> dict[str, Any]:
         return {"conversation_id": self.conversation_id if response.in_conversation else None}
@@ -245,10 +247,10 @@ class RealtimeOutbound:
         for run in done.tool_calls:  # a call the reply made, if the client was not shown it yet
             if run.get("runs_on") == "client":
                 await self._function_call(done.turn_id, ToolCall(run["call_id"], run["name"], run["arguments"]))
-        await self._close(response, status, done, done.stats)
+        await self._close(response, status, done)
 
-    async def _close(self, response: Response, status: str, done: ResponseDone | None,
-                     stats: GenerationStats | None) -> None:
+    async def _close(self, response: Response, status: str, done: ResponseDone | None) -> None:
+        stats = done.stats if done is not None else None
         if self.response is response:
             self.response = None
         details: dict[str, Any] | None = None

@@ -26,6 +26,15 @@ BETA_FORMATS = {"pcm16": "pcm", "g711_ulaw": "pcmu", "g711_alaw": "pcma"}
 FORMAT_RATES = {"pcm": 24000, "pcmu": 8000, "pcma": 8000}
 
 
+class RealtimeError(ValueError):
+    """A client event the server will not take: OpenAI's error `code`, what to do, the field at fault."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
 

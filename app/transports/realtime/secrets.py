@@ -14,8 +14,8 @@ from fastapi.responses import JSONResponse
 
 from app.runtime import Runtime
 from app.security.access import CLIENT_SECRET_MAX_TTL_S, Access, client_of
-from app.transports.realtime.protocol import Dialect, error_event
-from app.transports.realtime.settings import RealtimeSettings, SettingsError
+from app.transports.realtime.protocol import Dialect, RealtimeError, error_event
+from app.transports.realtime.settings import RealtimeSettings
 
 router = APIRouter()
 DEFAULT_TTL_S = 600  # OpenAI's default for an ephemeral key
@@ -46,7 +46,7 @@ async def client_secrets(request: Request) -> JSONResponse:
     session = body.get("session") or {"type": "realtime"}
     try:
         settings = RealtimeSettings(model=runtime.settings.llm.model).updated(session, beta=False)
-    except SettingsError as exc:
+    except RealtimeError as exc:
         return _refuse(str(exc), exc.param, exc.code)
     secret = access.mint_client_secret(client_of(request.scope), seconds, session)
     return JSONResponse({"value": secret, "expires_at": int(time.time()) + seconds, "session": settings.as_ga()})

@@ -9,17 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.transports.realtime.protocol import BETA_FORMATS, FORMAT_RATES, GA_FORMATS, new_id
+from app.transports.realtime.protocol import BETA_FORMATS, FORMAT_RATES, GA_FORMATS, RealtimeError, new_id
 from pipeline.config import EndpointingConfig
 
 TURN_DETECTIONS = ("server_vad", "semantic_vad")
-
-
-class SettingsError(ValueError):
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.param = param
 
 
 @dataclass(frozen=True)
@@ -77,10 +70,10 @@ class RealtimeSettings:
         return FORMAT_RATES[self.output_format]
 
     def updated(self, session: Any, beta: bool) -> RealtimeSettings:
-        """These settings with a client's `session` object applied; SettingsError when it asks for
+        """These settings with a client's `session` object applied; RealtimeError when it asks for
         something this server does not do."""
         if not isinstance(session, dict):
-            raise SettingsError("invalid_value", "session must be an object", "session")
+            raise RealtimeError("invalid_value", "session must be an object", "session")
         return _beta_update(self, session) if beta else _ga_update(self, session)
 
     def as_ga(self) -> dict[str, Any]:
@@ -115,14 +108,14 @@ class RealtimeSettings:
 def _ga_update(current: RealtimeSettings, session: dict[str, Any]) -> RealtimeSettings:
     kind = session.get("type", "realtime")
     if kind != "realtime":
-        raise SettingsError("invalid_value", f"session.type {kind!r}: only 'realtime' sessions are served here "
+        raise RealtimeError("invalid_value", f"session.type {kind!r}: only 'realtime' sessions are served here "
                             "(transcription sessions are not)", "session.type")
     new = _common(current, session)
     if "output_modalities" in session:
-        new = replace(new, speaks=speaks(session["output_modalities"], "session.output_modalities"))
+        new = replace(new, speaks=parse_modalities(session["output_modalities"], "session.output_modalities"))
     audio = session.get("audio") or {}
     if not isinstance(audio, dict):
-        raise SettingsError("invalid_value", "session.audio must be an object", "session.audio")
+        raise RealtimeError("invalid_value", "session.audio must be an object", "session.audio")
     audio_in, audio_out = audio.get("input") or {}, audio.get("output") or {}
     if "format" in audio_in:
         new = replace(new, input_format=_ga_format(audio_in["format"], "session.audio.input.format"))
@@ -141,12 +134,12 @@ def _ga_update(current: RealtimeSettings, session: dict[str, Any]) -> RealtimeSe
 def _beta_update(current: RealtimeSettings, session: dict[str, Any]) -> RealtimeSettings:
     new = _common(current, session)
     if "modalities" in session:
-        new = replace(new, speaks=speaks(session["modalities"], "session.modalities"))
+        new = replace(new, speaks=parse_modalities(session["modalities"], "session.modalities"))
     for key, attr in (("input_audio_format", "input_format"), ("output_audio_format", "output_format")):
         if key in session:
             name = session[key]
             if name not in BETA_FORMATS:
-                raise SettingsError("invalid_value", f"session.{key} {name!r}: one of {sorted(BETA_FORMATS)}",
+                raise RealtimeError("invalid_value", f"session.{key} {name!r}: one of {sorted(BETA_FORMATS)}",
                                     f"session.{key}")
             new = replace(new, input_format=BETA_FORMATS[name]) if attr == "input_format" else replace(
                 new, output_format=BETA_FORMATS[name])
@@ -165,32 +158,32 @@ def _common(current: RealtimeSettings, session: dict[str, Any]) -> RealtimeSetti
         new = replace(new, model=session["model"])
     if "instructions" in session:
         if not isinstance(session["instructions"], str):
-            raise SettingsError("invalid_value", "session.instructions must be a string", "session.instructions")
+            raise RealtimeError("invalid_value", "session.instructions must be a string", "session.instructions")
         new = replace(new, instructions=session["instructions"])
     if "tools" in session:
         tools = session["tools"]
         if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-            raise SettingsError("invalid_value", "session.tools must be a list of function objects", "session.tools")
+            raise RealtimeError("invalid_value", "session.tools must be a list of function objects", "session.tools")
         new = replace(new, tools=tuple(tools))
     if "tool_choice" in session:
         new = replace(new, tool_choice=session["tool_choice"])
     return new
 
 
-def speaks(modalities: Any, param: str) -> bool:
+def parse_modalities(modalities: Any, param: str) -> bool:
     """Whether replies are spoken: ["audio"] (GA; beta ["audio", "text"]) or ["text"]."""
     if isinstance(modalities, list) and modalities and set(modalities) <= {"audio", "text"}:
         return "audio" in modalities
-    raise SettingsError("invalid_value", f"{param} {modalities!r}: [\"audio\"] or [\"text\"]", param)
+    raise RealtimeError("invalid_value", f"{param} {modalities!r}: [\"audio\"] or [\"text\"]", param)
 
 
 def _ga_format(value: Any, param: str) -> str:
     if not isinstance(value, dict) or value.get("type") not in GA_FORMATS:
-        raise SettingsError("invalid_value", f"{param}: type must be one of {sorted(GA_FORMATS)}", param)
+        raise RealtimeError("invalid_value", f"{param}: type must be one of {sorted(GA_FORMATS)}", param)
     name = GA_FORMATS[value["type"]]
     rate = value.get("rate")
     if rate is not None and rate != FORMAT_RATES[name]:
-        raise SettingsError("invalid_value", f"{param}: {value['type']} is {FORMAT_RATES[name]} Hz, not {rate}",
+        raise RealtimeError("invalid_value", f"{param}: {value['type']} is {FORMAT_RATES[name]} Hz, not {rate}",
                             f"{param}.rate")
     return name
 
@@ -207,10 +200,10 @@ def _with_turn_detection(current: RealtimeSettings, value: Any, param: str) -> R
 
 def _turn_detection(value: Any, current: dict[str, Any], param: str) -> dict[str, Any]:
     if not isinstance(value, dict) or value.get("type") not in TURN_DETECTIONS:
-        raise SettingsError("invalid_value", f"{param}.type must be one of {list(TURN_DETECTIONS)}", f"{param}.type")
+        raise RealtimeError("invalid_value", f"{param}.type must be one of {list(TURN_DETECTIONS)}", f"{param}.type")
     for flag in ("create_response", "interrupt_response"):
         if not isinstance(value.get(flag, True), bool):
-            raise SettingsError("invalid_value", f"{param}.{flag} must be true or false", f"{param}.{flag}")
+            raise RealtimeError("invalid_value", f"{param}.{flag} must be true or false", f"{param}.{flag}")
     kept = {k: v for k, v in current.items() if k != "type" and k != "eagerness"} or {
         "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500, "idle_timeout_ms": None}
     if value["type"] == "semantic_vad":

@@ -22,9 +22,8 @@ from app.runtime import Runtime
 from app.security.guard import socket_key
 from app.transports.call import Call, Message
 from app.transports.realtime.outbound import RealtimeOutbound
-from app.transports.realtime.protocol import Dialect, error_event, message_item, new_id
-from app.transports.realtime.settings import RealtimeSettings, SettingsError
-from app.transports.realtime.settings import speaks as speaks_for
+from app.transports.realtime.protocol import Dialect, RealtimeError, error_event, message_item, new_id
+from app.transports.realtime.settings import RealtimeSettings, parse_modalities
 from core.errors import ConfigError
 from pipeline.audio import alaw_to_pcm16, mulaw_to_pcm16, pcm16_to_float, resample
 
@@ -32,13 +31,6 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 PATH = "/v1/realtime"
 MAX_PENDING_ITEMS = 64  # typed messages waiting for a response.create
-
-
-class RealtimeError(Exception):
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-        self.param = param
 
 
 class RealtimeWire:
@@ -103,8 +95,6 @@ class RealtimeWire:
             await handler(self, event)
         except RealtimeError as exc:
             await self._refuse(exc.code, str(exc), exc.param)
-        except SettingsError as exc:
-            await self._refuse(exc.code, str(exc), exc.param)
         return True
 
     async def _refuse(self, code: str, message: str, param: str | None) -> None:
@@ -114,22 +104,19 @@ class RealtimeWire:
     # -- client events -------------------------------------------------------------------------------
     async def session_update(self, event: dict[str, Any]) -> None:
         new = self.settings.updated(event.get("session"), self.dialect.beta)
+        if self.outbound is not None and (new.input_format, new.output_format) != (
+                self.settings.input_format, self.settings.output_format):
+            raise RealtimeError("unsupported", "the audio formats cannot change once audio has been sent or a "
+                                "response made; open a new session", "session.audio")
         if (new.tools, new.tool_choice) != (self.settings.tools, self.settings.tool_choice):
             try:
                 self.toolbox.declare(list(new.tools), new.tool_choice)
             except ConfigError as exc:
                 raise RealtimeError("invalid_tools", str(exc), "session.tools") from exc
-        if self.outbound is not None and (new.input_format, new.output_format) != (
-                self.settings.input_format, self.settings.output_format):
-            raise RealtimeError("unsupported", "the audio formats cannot change once audio has been sent or a "
-                                "response made; open a new session", "session.audio")
         if self.call.session is not None and new.instructions != self.settings.instructions:
             self.call.session.set_instructions(new.instructions or self._default_prompt())
-        if self.call.session is not None and self.outbound is not None:
-            self.call.session.speaks = self.outbound.speaks = new.speaks
-            self.call.session.on_words = None if new.answers_turns else self._heard
-            self.call.session.speech_interrupts = new.interrupts
         self.settings = new
+        self._apply()
         await self._send("session.updated", session=self._session_json())
 
     def _samples(self, audio: Any, param: str) -> np.ndarray:
@@ -188,11 +175,7 @@ class RealtimeWire:
         await outbound.add_item(message_item(item_id, "user", "completed", [{"type": "input_audio",
                                                                              "transcript": None}]))
         text = await self._transcribe(audio)
-        await self._send("conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0,
-                         transcript=text, usage={"type": "duration", "seconds": round(len(audio) / rate, 3)})
-        item = message_item(item_id, "user", "completed", [{"type": "input_audio", "transcript": text}])
-        outbound.items[item_id] = item
-        await self._send("conversation.item.done", item=item)
+        await outbound.transcribed(item_id, text, len(audio) / rate)
         if text:
             self.pending_text.append(text)
 
@@ -278,9 +261,9 @@ class RealtimeWire:
         if placed is None:
             raise RealtimeError("item_not_found", f"no assistant audio item {str(item_id)[:80]!r}", "item_id")
         turn_id, offset_ms = placed
-        assert self.call.session is not None
+        assert self.call.session is not None and self.outbound is not None
         heard = self.call.session.cut_heard(turn_id, offset_ms + end)  # exactly what was heard
-        item = self.outbound.items.get(str(item_id)) if self.outbound is not None else None
+        item = self.outbound.items.get(str(item_id))
         if heard is not None and item is not None:  # a reply sent whole: its item says what was heard now
             item["content"] = [self.dialect.audio_part(heard)]
             item["status"] = "incomplete"
@@ -297,7 +280,7 @@ class RealtimeWire:
             raise RealtimeError("unsupported", f"response.create with {', '.join(unsupported)} is not served yet: "
                                 "a response answers the conversation with the session's tools", "response")
         speaks = (self.settings.speaks if asked.get(modalities) is None
-                  else speaks_for(asked[modalities], f"response.{modalities}"))
+                  else parse_modalities(asked[modalities], f"response.{modalities}"))
         instructions = asked.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise RealtimeError("invalid_value", "response.instructions must be a string", "response.instructions")
@@ -350,6 +333,15 @@ class RealtimeWire:
     def _default_prompt(self) -> str:
         return self.call.runtime.settings.session.system_prompt
 
+    def _apply(self) -> None:
+        """The settings the running Session and its output follow from their next reply on."""
+        session, outbound, settings = self.call.session, self.outbound, self.settings
+        if session is None or outbound is None:
+            return
+        session.speaks = outbound.speaks = settings.speaks
+        session.on_words = None if settings.answers_turns else self._heard
+        session.speech_interrupts = settings.interrupts
+
     def _start(self) -> None:
         """The pipeline's Session, started with the settings as they are now."""
         if self.call.session is not None:
@@ -358,17 +350,14 @@ class RealtimeWire:
         settings = self.settings
         self.outbound = RealtimeOutbound(self.call.writer, self.dialect, runtime.metrics, settings.output_format,
                                          settings.output_rate)
-        self.outbound.speaks = settings.speaks
         client = getattr(self.call.websocket, "client", None)
         config = runtime.pipeline_config()
         config = dataclasses.replace(config, endpointing=settings.endpointing(config.endpointing))
-        session = self.call.start_session(self.outbound, input_rate=settings.input_rate,
+        self.call.start_session(self.outbound, input_rate=settings.input_rate,
                                           output_rate=settings.output_rate, toolbox=self.toolbox,
                                           system_prompt=settings.instructions or None,
                                           caller=client.host if client else None, config=config)
-        session.speaks = settings.speaks
-        session.on_words = None if settings.answers_turns else self._heard
-        session.speech_interrupts = settings.interrupts
+        self._apply()
         detection = settings.turn_detection
         log.info("%s started (%s in, %s out, %s)", self.label, settings.input_format, settings.output_format,
                  detection["type"] if detection else "the client commits turns")
