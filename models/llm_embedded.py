@@ -244,6 +244,8 @@ class EmbeddedConversation:
                     text, calls = reader.push(result.tokens)
                 if text:
                     yield TextDelta(text)
+                for delta in reader.deltas if reader is not None else ():
+                    yield delta
                 for call in calls:
                     yield ToolCallOutput(call)
         finally:  # also when the caller stops early (a stop string, a barge-in): the stats are real

@@ -168,11 +168,21 @@ class ToolCallOutput:
 
 
 @dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call's arguments as the model writes them (the ToolCallOutput with the same
+    `call_id` follows, its arguments these pieces joined)."""
+
+    call_id: str
+    name: str
+    delta: str
+
+
+@dataclass(frozen=True)
 class GenerationDone:
     stats: GenerationStats
 
 
-LLMOutput = TextDelta | ToolCallOutput | GenerationDone
+LLMOutput = TextDelta | ToolCallDelta | ToolCallOutput | GenerationDone
 
 
 class Conversation(Protocol):

@@ -45,9 +45,11 @@ import numpy as np
 from core.errors import EngineError
 from models.json_nfa import Nfa, State
 from models.lm import CausalLM, Logits
-from models.tool_calls import ToolCall, Tools, new_call_id
+from models.protocols import ToolCallDelta
+from models.tool_calls import CALL_ARGUMENTS, CALL_OPEN, ToolCall, Tools, new_call_id
 
 CANDIDATES = 64
+CALL_OPEN_BYTES, CALL_ARGUMENTS_BYTES = CALL_OPEN.encode(), CALL_ARGUMENTS.encode()
 _SCAN = 4096  # when none of the best candidates is allowed: how many more to try at a time
 _NEG = np.float32(-np.inf)
 
@@ -262,7 +264,8 @@ class ToolGuide:
 
 
 class ReplyReader:
-    """Splits a reply's tokens into its text and its tool calls, following the guide's states."""
+    """Splits a reply's tokens into its text and its tool calls, following the guide's states; a
+    call's arguments are also given in pieces as they are written (`deltas`)."""
 
     def __init__(self, guide: ToolGuide) -> None:
         self.guide = guide
@@ -271,9 +274,14 @@ class ReplyReader:
         self.emitted = ""
         self.call_bytes = bytearray()
         self.calls = 0
+        self.call_id = ""  # the call being written
+        self.call_name: str | None = None  # its name, once written whole
+        self.shown = 0  # bytes of its arguments given as deltas
+        self.deltas: list[ToolCallDelta] = []  # pieces written since the last push, for the caller to take
 
     def push(self, tokens: list[int]) -> tuple[str, list[ToolCall]]:
         calls: list[ToolCall] = []
+        self.deltas = []
         before = len(self.text_ids)
         for token in tokens:
             nxt = self.guide.advance(self.state, token)
@@ -281,12 +289,43 @@ class ReplyReader:
                 raise EngineError(f"the reply's token {token} does not follow the tool-call grammar; this is a bug")
             if nxt.mode == "text":
                 self.text_ids.append(token)
-            elif nxt.mode == "call" and token != self.guide.vocab.open_id:
+            elif nxt.mode == "call" and token == self.guide.vocab.open_id:
+                self.call_id, self.call_name, self.shown = new_call_id(), None, 0
+            elif nxt.mode == "call":
                 self.call_bytes += self.guide.vocab.texts[token]
+                self._arguments(final=False)
             elif nxt.mode == "after" and self.state.mode == "call":
                 calls.append(self._call())
             self.state = nxt
         return self._text(before), calls
+
+    def _arguments(self, final: bool) -> str | None:
+        """The call's arguments written so far: what is new becomes a delta. Held back until sure:
+        a last `}` (it may close the call rather than its arguments) and a cut UTF-8 character.
+        Returns the whole arguments when `final`."""
+        raw = bytes(self.call_bytes)
+        head = raw.find(CALL_ARGUMENTS_BYTES)
+        if head < 0:
+            return None
+        if self.call_name is None:
+            opened = raw.find(CALL_OPEN_BYTES)
+            self.call_name = raw[opened + len(CALL_OPEN_BYTES):head].decode("utf-8", "replace") if opened >= 0 else ""
+        written = raw[head + len(CALL_ARGUMENTS_BYTES):].rstrip(b"\n")
+        if final or written.endswith(b"}"):
+            written = written[:-1]  # the call's own close (final: it is)
+        if not final:
+            for cut in range(4):  # a UTF-8 character is at most 4 bytes
+                try:
+                    written[:len(written) - cut].decode("utf-8")
+                    written = written[:len(written) - cut]
+                    break
+                except UnicodeDecodeError:
+                    continue
+        if len(written) > self.shown:
+            self.deltas.append(ToolCallDelta(self.call_id, self.call_name,
+                                             written[self.shown:].decode("utf-8", "replace")))
+            self.shown = len(written)
+        return written.decode("utf-8", "replace")
 
     def _text(self, before: int) -> str:
         if len(self.text_ids) == before:
@@ -301,13 +340,17 @@ class ReplyReader:
     def _call(self) -> ToolCall:
         self.calls += 1
         raw = bytes(self.call_bytes).decode("utf-8", "replace")
+        arguments_text = self._arguments(final=True)
         self.call_bytes = bytearray()
         try:
             body = json.loads(raw)
             name, arguments = body["name"], body["arguments"]
-            if not isinstance(name, str) or not isinstance(arguments, dict):
+            if not isinstance(name, str) or not isinstance(arguments, dict) or arguments_text is None:
                 raise ValueError("name or arguments of the wrong type")
+            if json.loads(arguments_text) != arguments:
+                raise ValueError("the arguments' text is not the call's arguments")
         except (ValueError, KeyError, TypeError) as exc:
             raise EngineError(f"the model wrote a tool call that is not {{\"name\", \"arguments\"}} JSON "
                               f"({exc}): {raw[:200]!r}") from exc
-        return ToolCall(new_call_id(), name, json.dumps(arguments, ensure_ascii=False))
+        # the arguments as written (the grammar's canonical layout): the deltas given, joined
+        return ToolCall(self.call_id or new_call_id(), name, arguments_text)

@@ -108,6 +108,27 @@ class ReplyToolCall:
 
 
 @dataclass(frozen=True)
+class ReplyToolCallDelta:
+    """A piece of a tool call's arguments as the LLM writes them."""
+
+    turn_id: int
+    call_id: str
+    name: str
+    delta: str
+
+
+@dataclass(frozen=True)
+class FunctionCallDelta:
+    """A piece of the arguments of a call of one of the client's tools, as the model writes them;
+    the FunctionCallRequest with the same call id follows once the reply is known to be heard."""
+
+    turn_id: int
+    call_id: str
+    name: str
+    delta: str
+
+
+@dataclass(frozen=True)
 class FunctionCallRequest:
     """The server asks the client to run one of the client's tools (`response.function_call`)."""
 
@@ -153,7 +174,7 @@ class ReplyAudio:
     at: float
 
 
-ReplyEvent = ReplyText | ReplyToolCall | ReplyFinished | Phrase | ReplyAudio
+ReplyEvent = ReplyText | ReplyToolCallDelta | ReplyToolCall | ReplyFinished | Phrase | ReplyAudio
 
 # -- what the session tells its transport -----------------------------------------------------------
 
@@ -194,4 +215,4 @@ class ErrorEvent:
 
 InputEvent = (SpeechStarted | SpeechResumed | SpeechStopped | TranscriptPartial | TranscriptEarly | TranscriptFinal
               | ErrorEvent)
-OutEvent = InputEvent | ReplyText | ResponseDone | FunctionCallRequest
+OutEvent = InputEvent | ReplyText | ResponseDone | FunctionCallDelta | FunctionCallRequest

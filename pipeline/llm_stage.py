@@ -8,8 +8,8 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 from core.clock import Clock
 from core.errors import VoiceAgentError
-from models.protocols import Conversation, GenerationDone, SamplingParams, TextDelta, ToolCallOutput
-from pipeline.events import ReplyEvent, ReplyFinished, ReplyRequest, ReplyText, ReplyToolCall
+from models.protocols import Conversation, GenerationDone, SamplingParams, TextDelta, ToolCallDelta, ToolCallOutput
+from pipeline.events import ReplyEvent, ReplyFinished, ReplyRequest, ReplyText, ReplyToolCall, ReplyToolCallDelta
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,8 @@ async def llm_stage(
                     if isinstance(output, TextDelta):
                         produced = True
                         yield ReplyText(request.turn_id, output.text, clock.now())
+                    elif isinstance(output, ToolCallDelta):
+                        yield ReplyToolCallDelta(request.turn_id, output.call_id, output.name, output.delta)
                     elif isinstance(output, ToolCallOutput):
                         produced = True
                         yield ReplyToolCall(request.turn_id, output.call, clock.now())

@@ -21,7 +21,15 @@ from core.clock import MonotonicClock
 from models.cache import resolve_gguf
 from models.llama_cpp_lm import LlamaCppLM
 from models.llm_embedded import EmbeddedLLM
-from models.protocols import ChatMessage, GenerationDone, SamplingParams, Speculation, ToolCallOutput
+from models.protocols import (
+    ChatMessage,
+    GenerationDone,
+    SamplingParams,
+    Speculation,
+    TextDelta,
+    ToolCallDelta,
+    ToolCallOutput,
+)
 from models.speculative.decoder import SpeculativeStrategy
 from models.tool_calls import ToolCall, Tools, parse_tools
 from models.tool_guide import ToolGuide
@@ -64,15 +72,20 @@ def ask(llm: EmbeddedLLM, request: str, tools: Tools, params: SamplingParams) ->
     async def run() -> tuple[str, list[ToolCall], str]:
         conversation = llm.conversation()
         text, calls, finish = "", [], ""
+        pieces: dict[str, str] = {}
         async for out in conversation.stream([ChatMessage("system", SYSTEM), ChatMessage("user", request)],
                                              params, tools):
             if isinstance(out, ToolCallOutput):
                 calls.append(out.call)
+            elif isinstance(out, ToolCallDelta):
+                pieces[out.call_id] = pieces.get(out.call_id, "") + out.delta
             elif isinstance(out, GenerationDone):
                 finish = out.stats.finish_reason
             else:
                 text += out.text
         await conversation.aclose()
+        # each call's arguments also came in pieces before it, as written; they join to them exactly
+        assert all(pieces.get(c.call_id) == c.arguments for c in calls), (pieces, calls)
         return text, calls, finish
 
     return asyncio.run(run())
@@ -171,7 +184,7 @@ def test_the_follow_up_answers_from_the_tools_result() -> None:
         async for out in conversation.stream(history, SamplingParams(temperature=0, max_tokens=40), tools):
             if isinstance(out, ToolCallOutput):
                 calls.append(out.call)
-            elif not isinstance(out, GenerationDone):
+            elif isinstance(out, TextDelta):
                 text += out.text
         await conversation.aclose()
         return text, calls

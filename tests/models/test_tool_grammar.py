@@ -188,10 +188,30 @@ def generate(lm: FakeByteLM, tools: Tools, params: SamplingParams,
     loop = GenerationLoop(lm, decoder, prompt, params, stats)  # type: ignore[arg-type]
     reader = ReplyReader(guide)
     text, calls = "", []
+    pieces: dict[str, list[str]] = {}
     while not loop.done:
         delta, made = reader.push(loop.step().tokens)
+        for piece in reader.deltas:
+            assert piece.name == next((c.name for c in made if c.call_id == piece.call_id), piece.name)
+            pieces.setdefault(piece.call_id, []).append(piece.delta)
         text, calls = text + delta, calls + made
+    # every call's arguments also came in pieces as they were written, which join to them exactly (a
+    # call cut off by max_tokens came in pieces too, and never whole)
+    assert {c.call_id: c.arguments for c in calls} == {k: "".join(v) for k, v in pieces.items()
+                                                       if k in {c.call_id for c in calls}}
+    STREAMED.extend(len(v) for v in pieces.values())
     return text, calls, loop.produced, stats
+
+
+STREAMED: list[int] = []  # how many pieces each call's arguments came in
+
+
+def test_a_calls_arguments_stream_in_pieces_that_join_to_them() -> None:
+    tools = parse_tools(TOOLS, {"type": "function", "name": "order_status"})
+    assert tools is not None
+    STREAMED.clear()
+    _, calls, _, _ = generate(FakeByteLM(), tools, SamplingParams(temperature=0, max_tokens=300))
+    assert calls and STREAMED and min(STREAMED) > 1
 
 
 def check(call: ToolCall, tools: Tools) -> None:

@@ -18,6 +18,7 @@ from models.protocols import (
     LLMOutput,
     SamplingParams,
     TextDelta,
+    ToolCallDelta,
     ToolCallOutput,
 )
 from models.tool_calls import ToolCall, Tools
@@ -101,6 +102,9 @@ class FakeConversation:
         for part in parts:
             if isinstance(part, ToolCall):
                 await asyncio.sleep(self.llm.token_delay)
+                if self.llm.stream_arguments:  # in pieces as written, as the embedded engine gives them
+                    for i in range(0, len(part.arguments), 4):
+                        yield ToolCallDelta(part.call_id, part.name, part.arguments[i:i + 4])
                 yield ToolCallOutput(part)
                 continue
             for i, word in enumerate(part.split()):
@@ -137,6 +141,7 @@ class FakeLLM:
         self.replies: list[str | list[str | ToolCall]] = list(replies)
         self.requests: list[list[ChatMessage]] = []
         self.tools_seen: list[Tools | None] = []  # what each reply was offered
+        self.stream_arguments = False  # a call's arguments also in pieces before the call (ToolCallDelta)
         self.token_delay = token_delay
         self.caps: list[int | None] = []
         self.deadlines: list[float | None] = []  # every set_deadline, in order
