@@ -172,6 +172,10 @@ class RealtimeConfig(BaseModel):
     max_event_bytes: int = Field(
         1_048_576, ge=4096, description="largest client event (an input_audio_buffer.append of 1 MiB holds about "
         "16 s of 24 kHz PCM16 in base64)")
+    idle_note: str = Field(
+        "(The caller has said nothing for {seconds} seconds.)", min_length=1, max_length=500,
+        description="what the model reads as the caller's turn when turn_detection's idle_timeout_ms runs out "
+        "({seconds}: the timeout)")
 
 
 class Settings(BaseSettings):

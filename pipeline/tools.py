@@ -155,6 +155,21 @@ class ToolBox:
 
     def declare(self, tools: Any, choice: Any = None, end_call: bool | None = None) -> None:
         """The client's own tools (session.start, session.update); a ConfigError says what is wrong."""
+        declared = self._checked(tools)
+        if end_call is not None:
+            self.end_call = end_call
+        self.client_choice = self._choice(self._all(declared), choice)
+        self.client_tools = declared
+
+    def for_response(self, tools: Any, choice: Any) -> Tools | None:
+        """What one reply is offered when the client names its own tools or choice for it (the
+        Realtime API's response.create): `tools` None keeps the declared ones, `choice` None the
+        call's choice. The call's declarations are left as they were; a ConfigError says what is wrong."""
+        declared = self.client_tools if tools is None else self._checked(tools)
+        everything = self._all(declared)
+        return self._offer(everything, self.client_choice if choice is None else self._choice(everything, choice), 1)
+
+    def _checked(self, tools: Any) -> tuple[Tool, ...]:
         parsed = parse_tools(tools, "auto")
         declared = parsed.tools if parsed else ()
         if len(declared) > self.config.max_tools:
@@ -162,30 +177,31 @@ class ToolBox:
         clash = {t.name for t in declared} & (set(self.server) | {END_CALL.name})
         if clash:
             raise ConfigError(f"tool names {sorted(clash)} are the server's own; choose other names")
-        self.client_tools = declared
-        if end_call is not None:
-            self.end_call = end_call
-        everything = parse_tools(self._all_json() or None, choice)
-        self.client_choice = everything.choice if everything is not None else "auto"
+        return declared
 
-    def _all(self) -> tuple[Tool, ...]:
+    @staticmethod
+    def _choice(everything: tuple[Tool, ...], choice: Any) -> str:
+        listed = [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
+                  for t in everything]
+        parsed = parse_tools(listed or None, choice)
+        return parsed.choice if parsed is not None else "auto"
+
+    def _all(self, client: tuple[Tool, ...] | None = None) -> tuple[Tool, ...]:
         """Every tool of the call; end_call only where the transport can hang up."""
         ending = (END_CALL,) if self.end_call and self.on_end_call is not None else ()
-        return (*self.client_tools, *(t.tool for t in self.server.values()), *ending)
-
-    def _all_json(self) -> list[dict[str, Any]]:
-        return [{"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters}
-                for t in self._all()]
+        return (*(self.client_tools if client is None else client), *(t.tool for t in self.server.values()), *ending)
 
     def tools(self, step: int) -> Tools | None:
         """What the model is offered in a turn's reply `step` (1: the answer to the caller's words;
         then one per round of calls), None with no tools. A "required" or named tool_choice holds
         for the first step only (the reply to the results is the model's choice); after
         tools.max_steps rounds of calls the model may no longer call them."""
-        everything = self._all()
+        return self._offer(self._all(), self.client_choice, step)
+
+    def _offer(self, everything: tuple[Tool, ...], client_choice: str, step: int) -> Tools | None:
         if not everything:
             return None
-        choice = self.client_choice if self.client_choice != "auto" else self.config.tool_choice
+        choice = client_choice if client_choice != "auto" else self.config.tool_choice
         if step > self.config.max_steps:
             choice = "none"
         elif step > 1 and choice != "none":

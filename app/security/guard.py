@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,7 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
 CLOSE_TRY_LATER = 1013
 CLIENT_SLOT = "voice_agent.client_slot"  # scope key: the call's place in its client's count (a Slot)
+RATE_LIMITS = "voice_agent.rate_limits"  # scope key: what the socket's client has left of its limits, asked later
 OPEN_PATHS = frozenset({"/", "/healthz", "/api/auth", "/api/login", "/api/logout", "/twilio/voice",
                         "/twilio/media", "/telnyx/media"})
 OPEN_PREFIXES = ("/static/",)
@@ -242,10 +244,18 @@ class Guard:
                       "(server.max_calls_per_client)")
             return await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
         scope[CLIENT_KEY], scope[CLIENT_SLOT] = client, slot
+        scope[RATE_LIMITS] = lambda: self._standing(client)
         try:
             await self._idle_guarded(scope, receive, send)
         finally:
             slot.release()  # if the route has not already: the caller hung up
+
+    def _standing(self, client: str) -> list[dict[str, Any]]:
+        """The client's limits as the Realtime API's rate_limits: `requests` is the new connections it
+        may open a minute (server.max_connections_per_minute), with what it has left now."""
+        remaining, reset = self.connections.standing(client)
+        return [{"name": "requests", "limit": self.server.max_connections_per_minute, "remaining": remaining,
+                 "reset_seconds": round(reset, 3)}]
 
     async def _phone_socket(self, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
         if not self._origin_ok(headers):
@@ -275,6 +285,12 @@ def socket_key(headers: Headers) -> str | None:
         if protocol.strip().startswith(KEY_PROTOCOL):
             return protocol.strip()[len(KEY_PROTOCOL):] or None
     return None
+
+
+def rate_limits(scope: Any) -> Callable[[], list[dict[str, Any]]] | None:
+    """What the guard left to ask for the socket's client's limits (None: the guard did not see it)."""
+    standing = scope.get(RATE_LIMITS) if isinstance(scope, dict) else None
+    return standing if callable(standing) else None
 
 
 def client_slot(scope: Scope) -> Slot | None:

@@ -104,6 +104,15 @@ class RateLimiter:
         tokens = min(self.capacity, bucket.tokens + (self.clock.now() - bucket.at) * self.rate)
         return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
 
+    def standing(self, client: str) -> tuple[int, float]:
+        """What the client has left now, spending nothing: whole tokens, and the seconds until its
+        bucket is full again."""
+        bucket = self.buckets.get(client)
+        if bucket is None:
+            return int(self.capacity), 0.0
+        tokens = min(self.capacity, bucket.tokens + (self.clock.now() - bucket.at) * self.rate)
+        return int(tokens), (self.capacity - tokens) / self.rate if self.rate else 0.0
+
     @staticmethod
     def retry_after(wait_s: float) -> str:
         return str(max(1, math.ceil(wait_s)))

@@ -12,6 +12,7 @@ from core.errors import ProtocolError
 from pipeline.audio import SUPPORTED_INPUT_RATES
 from pipeline.events import (
     ErrorEvent,
+    FunctionCallDelta,
     FunctionCallRequest,
     OutEvent,
     ReplyText,
@@ -142,6 +143,9 @@ def event_json(event: OutEvent) -> dict[str, Any]:
             **({"tool_calls": list(event.tool_calls)} if event.tool_calls else {}),
             **({"filler": True} if event.filler else {}),
         }
+    if isinstance(event, FunctionCallDelta):
+        return {"type": "response.function_call_arguments.delta", "turn_id": event.turn_id, "call_id": event.call_id,
+                "name": event.name, "delta": event.delta}
     if isinstance(event, FunctionCallRequest):
         return {"type": "response.function_call", "turn_id": event.turn_id, "call_id": event.call.call_id,
                 "name": event.call.name, "arguments": event.call.arguments}

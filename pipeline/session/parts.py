@@ -19,6 +19,7 @@ from models.protocols import (
     TurnDetector,
     VoiceActivityDetector,
 )
+from models.tool_calls import Tools
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
 from pipeline.events import (
     OutEvent,
@@ -96,6 +97,7 @@ class Reply:
     played_at: float = 0.0  # clock time of that report
     playback_stopped: bool = False  # the client stopped playing there (a Realtime truncate): not carried forward
     prompt: tuple[ChatMessage, ...] = ()  # what the LLM is asked
+    tools: Tools | None = None  # what it is offered (the call's tools at this step, or one response's own)
     user_text: str = ""  # the caller's words it answers
     # A preemptive reply (started at a pause) sends nothing until the turn is confirmed over.
     confirmed: asyncio.Event = field(default_factory=asyncio.Event)

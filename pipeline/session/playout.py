@@ -54,17 +54,14 @@ class PlayoutMixin(SessionState):
             return None
         done, message = kept
         heard = done.ledger.text_until(max(0, int(played_ms * self.output_rate / 1000) - done.offset_samples))
-        for i in range(len(self.history) - 1, -1, -1):
-            if self.history[i] is message:
-                if heard:
-                    self.history[i] = replace(message, content=heard)
-                    self.finished[turn_id] = (done, self.history[i])
-                else:
-                    del self.history[i]
-                    del self.finished[turn_id]
-                log.info("turn %d: the client stopped its audio at %.0f ms; the history keeps %r", turn_id,
-                         played_ms, heard)
-                break
+        kept_message = replace(message, content=heard) if heard else None
+        if self._replace_message(message, kept_message):
+            if kept_message is not None:
+                self.finished[turn_id] = (done, kept_message)
+            else:
+                del self.finished[turn_id]
+            log.info("turn %d: the client stopped its audio at %.0f ms; the history keeps %r", turn_id,
+                     played_ms, heard)
         return heard
 
     def _heard_samples(self, reply: Reply) -> int:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Literal
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from pipeline.audio import resample
 from pipeline.chunker import chunk_stage
 from pipeline.events import (
     ErrorEvent,
+    FunctionCallDelta,
     OutEvent,
     Phrase,
     ReplyAudio,
@@ -29,6 +31,7 @@ from pipeline.events import (
     ReplyRequest,
     ReplyText,
     ReplyToolCall,
+    ReplyToolCallDelta,
     ResponseDone,
 )
 from pipeline.history import prompt_window
@@ -74,12 +77,15 @@ class RepliesMixin(SessionState):
 
     async def _start_reply(self, turn: Turn, text: str | None, preemptive: bool = False, step: int = 1,
                            fixed_text: str | None = None, instructions: str | None = None,
-                           in_history: bool = True) -> None:
+                           in_history: bool = True, context: tuple[ChatMessage, ...] | None = None,
+                           tools: Tools | Literal["call"] | None = "call") -> None:
         """Start the reply line for the caller's words. A preemptive reply (at a pause, on the early
         transcript) runs the LLM and TTS at once but sends nothing until `_confirm`; its words join
         the history only then. `text` None: a reply to the same turn (a follow-up to tool results,
         step > 1, or the `fixed_text` filler). `instructions`: this reply's system prompt;
-        `in_history` False: neither the words nor the reply join the history (an out-of-band reply)."""
+        `in_history` False: neither the words nor the reply join the history (an out-of-band reply).
+        `context`: the messages it answers in place of the history's (a client's own input for one
+        response); `tools`: its own tools in place of the call's at this step ("call")."""
         if self.closed:
             log.info("turn %d: not answered: the caller has gone", turn.turn_id)
             return
@@ -87,16 +93,18 @@ class RepliesMixin(SessionState):
         await self._cancel_reply("interrupted")
         user = ChatMessage("user", text or "")
         if text is not None and not preemptive and in_history:
-            self.history.append(user)
+            self._keep(turn.turn_id, user)
         if text is not None:
             self.answering = turn.turn_id
         self.generation += 1
         prompt = (*self._prompt(), user) if preemptive or (text is not None and not in_history) else self._prompt()
+        if context is not None:
+            prompt = (prompt[0], *context)
         if instructions is not None:
             prompt = (ChatMessage("system", instructions), *prompt[1:])
         reply = Reply(turn, prompt=prompt, user_text=text or "", preemptive=preemptive, step=step,
                       fixed_text=fixed_text, offset_samples=turn.sent_samples, speaks=self.speaks,
-                      in_history=in_history)
+                      in_history=in_history, tools=self._tools(step) if tools == "call" else tools)
         if not preemptive:
             reply.confirmed.set()
         self.reply = reply
@@ -117,7 +125,7 @@ class RepliesMixin(SessionState):
         """The turn a preemptive reply answers is over, with the same words: it joins the history
         and sends what it has (held text at once, audio paced as usual)."""
         log.info("turn %d: preemptive reply confirmed (%d words ready)", reply.turn.turn_id, reply.words)
-        self.history.append(ChatMessage("user", reply.user_text))
+        self._keep(reply.turn.turn_id, ChatMessage("user", reply.user_text))
         self._first_audio_due(reply)
         reply.confirmed.set()
         held, reply.unsent = reply.unsent, []
@@ -156,7 +164,7 @@ class RepliesMixin(SessionState):
         the queue, so the turn ends (failed, with an error event, if a stage raised)."""
         cfg = self.config
         turn = reply.turn
-        request = ReplyRequest(turn.turn_id, reply.prompt, self.clock.now(), self._tools(reply.step))
+        request = ReplyRequest(turn.turn_id, reply.prompt, self.clock.now(), reply.tools)
         text = (llm_stage(_one(request), self.conversation, cfg.sampling, self.clock) if reply.fixed_text is None
                 else _said(turn.turn_id, reply.fixed_text, self.clock))
         phrases = chunk_stage(text, cfg.chunker, self.clock)
@@ -178,6 +186,10 @@ class RepliesMixin(SessionState):
                         turn.mark("tts_first_audio", event.at)
                         reply.ledger.add_audio(event.phrase_index, len(event.samples))
                         await self._queue_audio(reply, event)
+                    elif isinstance(event, ReplyToolCallDelta):  # the client sees its own calls as written
+                        if self.toolbox is not None and self.toolbox.runs_on(event.name) == "client":
+                            await self._send_for(reply, FunctionCallDelta(turn.turn_id, event.call_id, event.name,
+                                                                          event.delta))
                     elif isinstance(event, ReplyToolCall):
                         await self._dispatch(reply, event.call, generation)
                     elif isinstance(event, ReplyFinished):
@@ -232,7 +244,7 @@ class RepliesMixin(SessionState):
         reply.kept_text = text
         if text and not reply.runs and reply.fixed_text is None and reply.in_history:  # calls': see _after_tools
             message = ChatMessage("assistant", text)
-            self.history.append(message)
+            self._keep(reply.turn.turn_id, message)
             if reply.speaks:  # a client may yet say it stopped playing it short (cut_heard)
                 self.finished[reply.turn.turn_id] = (reply, message)
                 while len(self.finished) > FINISHED_KEPT:
@@ -266,6 +278,14 @@ class RepliesMixin(SessionState):
             reply.turn.held_record = done
         elif reply.fixed_text is None:
             await self._record(done)
+
+    def _keep(self, turn_id: int, message: ChatMessage, at: int | None = None) -> None:
+        """`message` joins the history (at the end, or at `at`), as turn `turn_id`'s."""
+        if at is None:
+            self.history.append(message)
+        else:
+            self.history.insert(at, message)
+        self.said.setdefault(turn_id, []).append(message)
 
     async def _record(self, done: ResponseDone) -> None:
         if self.on_turn is not None:

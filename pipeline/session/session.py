@@ -18,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+from typing import Literal
 
 from models.protocols import (
     ChatMessage,
 )
+from models.tool_calls import Tools
 from pipeline.asr_stage import asr_stage
 from pipeline.endpointing import vad_stage
 from pipeline.events import (
@@ -175,7 +178,7 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
                     await self._discard_preemptive(reply, "the final transcript differs")
                 if self.on_words is not None:  # the client asks for each reply (Realtime create_response false)
                     self.turns.pop(event.turn_id, None)
-                    self.on_words(text)
+                    self.on_words(event.turn_id, text)
                     return
                 reply = self.reply
                 if not self.speech_interrupts and reply is not None and reply.confirmed.is_set():
@@ -221,15 +224,20 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
         """The system prompt of the replies from now on."""
         self.history[0] = ChatMessage("system", text)
 
-    async def on_text(self, text: str | None, instructions: str | None = None, in_history: bool = True) -> int:
-        """A turn the client typed, or (None) a reply to the conversation as it stands: answered like
-        a spoken turn whose transcript is ready at once (its `speech_end` is now). It stops the
-        reply in progress. `instructions`: this reply's system prompt; `in_history` False: an
-        out-of-band reply, kept out of the history. Returns the turn's id (0: the caller has gone)."""
+    async def on_text(self, texts: Sequence[str] = (), instructions: str | None = None, in_history: bool = True,
+                      context: tuple[ChatMessage, ...] | None = None,
+                      tools: Tools | Literal["call"] | None = "call") -> int:
+        """Messages the client typed (each its own in the history), or none: a reply to the
+        conversation as it stands. Answered like a spoken turn whose transcript is ready at once
+        (its `speech_end` is now); it stops the reply in progress. `instructions`: this reply's
+        system prompt; `in_history` False: an out-of-band reply, kept out of the history (with its
+        messages); `context`: the messages it answers in place of the history's; `tools`: its own.
+        Returns the turn's id (0: the caller has gone)."""
         if self.closed:
             return 0
         turn = Turn(next(self.turn_ids))
         self.last_started = max(self.last_started, turn.turn_id)
+        self.answering = turn.turn_id
         now = self.clock.now()
         turn.mark("speech_end", now)
         turn.mark("asr_final", now)
@@ -238,8 +246,67 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
         reply = self.reply
         if reply is not None and reply.preemptive and not reply.confirmed.is_set():
             await self._discard_preemptive(reply, "the client asked for a reply")  # nobody heard it
-        await self._start_reply(turn, text, instructions=instructions, in_history=in_history)
+        said = [t for t in texts if t]
+        if in_history:
+            for earlier in said[:-1]:
+                self._keep(turn.turn_id, ChatMessage("user", earlier))
+        text = (said[-1] if in_history else " ".join(said)) if said else None
+        await self._start_reply(turn, text, instructions=instructions, in_history=in_history, context=context,
+                                tools=tools)
         return turn.turn_id
+
+    def add_message(self, message: ChatMessage) -> int:
+        """A message the client adds to the conversation as it is (an assistant's earlier words, a
+        system note), answered by nothing; kept under a turn id of its own, which it returns."""
+        turn_id = next(self.turn_ids)
+        self._keep(turn_id, message)
+        return turn_id
+
+    def forget(self, turn_id: int, role: str, text: str | None = None) -> bool:
+        """The client deletes a message of turn `turn_id` from the conversation (the Realtime API's
+        conversation.item.delete): the turn's message of `role` whose words are `text` (None: its
+        first of that role) leaves the history; an assistant message that made calls keeps them and
+        loses its words. False when there is no such message."""
+        for message in self.said.get(turn_id, []):
+            if message.role == role and (text is None or message.content == text):
+                kept = replace(message, content="") if message.tool_calls else None
+                return self._replace_message(message, kept)
+        return False
+
+    def forget_call(self, call_id: str) -> bool:
+        """The client deletes a function call or its output: both leave the history (a chat template
+        takes neither without the other), and the message that made the call loses it."""
+        found = False
+        for turn_messages in list(self.said.values()):
+            for message in list(turn_messages):
+                if message.role == "tool" and message.tool_call_id == call_id:
+                    found = self._replace_message(message, None) or found
+                elif any(c.call_id == call_id for c in message.tool_calls):
+                    calls = tuple(c for c in message.tool_calls if c.call_id != call_id)
+                    kept = replace(message, tool_calls=calls) if calls or message.content else None
+                    found = self._replace_message(message, kept) or found
+        return found
+
+    def _replace_message(self, old: ChatMessage, new: ChatMessage | None) -> bool:
+        """`old` (this very message) is replaced in the history by `new`, or removed (None)."""
+        for i in range(len(self.history) - 1, 0, -1):
+            if self.history[i] is old:
+                if new is None:
+                    del self.history[i]
+                else:
+                    self.history[i] = new
+                break
+        else:
+            return False
+        for turn_messages in self.said.values():
+            for j, message in enumerate(turn_messages):
+                if message is old:
+                    if new is None:
+                        del turn_messages[j]
+                    else:
+                        turn_messages[j] = new
+                    return True
+        return True
 
     async def cancel_reply(self) -> bool:
         """The client stops the reply in progress (it ends `interrupted`, keeping what was heard);

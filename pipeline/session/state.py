@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from core.clock import Clock
 from models.protocols import (
@@ -64,13 +64,14 @@ class SessionState:
         has_tools = toolbox is not None and toolbox.tools(1) is not None
         default = config.session.tools_prompt if has_tools else config.session.system_prompt
         self.history: list[ChatMessage] = [ChatMessage("system", system_prompt or default)]
+        self.said: dict[int, list[ChatMessage]] = {}  # turn id -> the messages the history keeps for it
         # the engine is chosen at the start: tools declared later (session.update) are served by it too
         self.conversation: Conversation = backends.llm_for(has_tools).conversation()
         self.audio_in: asyncio.Queue[AudioFrame | None] = asyncio.Queue()
         self.audio_in_samples = 0  # samples queued in audio_in (the transport bounds it)
         # None: every turn is answered; else the caller's words go to it, and the client asks for each
         # reply (on_text), as the Realtime API's create_response false has it
-        self.on_words: Callable[[str], None] | None = None
+        self.on_words: Callable[[int, str], None] | None = None
         # the last replies sent whole, by turn, with the message the history keeps for each (cut_heard)
         self.finished: dict[int, tuple[Reply, ChatMessage]] = {}
         self.speech_interrupts = True  # False: the caller's speech neither pauses nor stops a reply (it waits)
@@ -118,6 +119,9 @@ class SessionState:
     def _release_reply(self) -> None:
         raise NotImplementedError  # barge_in.py
 
+    def _replace_message(self, old: ChatMessage, new: ChatMessage | None) -> bool:
+        raise NotImplementedError  # session.py
+
     def _heard_samples(self, reply: Reply) -> int:
         raise NotImplementedError  # playout.py
 
@@ -148,9 +152,13 @@ class SessionState:
     async def _record(self, done: ResponseDone) -> None:
         raise NotImplementedError  # replies.py
 
+    def _keep(self, turn_id: int, message: ChatMessage, at: int | None = None) -> None:
+        raise NotImplementedError  # replies.py
+
     async def _start_reply(self, turn: Turn, text: str | None, preemptive: bool = False, step: int = 1,
                            fixed_text: str | None = None, instructions: str | None = None,
-                           in_history: bool = True) -> None:
+                           in_history: bool = True, context: tuple[ChatMessage, ...] | None = None,
+                           tools: Tools | Literal["call"] | None = "call") -> None:
         raise NotImplementedError  # replies.py
 
     def _tools(self, step: int) -> Tools | None:

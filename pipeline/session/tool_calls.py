@@ -77,7 +77,8 @@ class ToolCallsMixin(SessionState):
         await reply.ended.wait()
         messages = [ChatMessage("assistant", reply.kept_text or "", tuple(r.call for r in reply.runs)),
                     *(ChatMessage("tool", r.output or "", tool_call_id=r.call.call_id) for r in reply.runs)]
-        self.history[reply.history_at:reply.history_at] = messages
+        for offset, message in enumerate(messages):
+            self._keep(turn.turn_id, message, at=reply.history_at + offset)
         if filler is not None:
             await filler.ended.wait()
             heard = bool(filler.kept_text)

@@ -245,3 +245,28 @@ async def test_an_idle_socket_is_closed_with_a_reason() -> None:
 def test_a_bad_trusted_proxy_is_refused_when_the_app_is_made() -> None:
     with pytest.raises(ConfigError, match=r"server\.trusted_proxies"):
         fake_app(trusted_proxies=["10.0.0.0/33"])
+
+
+def test_the_rate_limiter_says_what_a_client_has_left_without_spending_it() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(6, clock)
+    assert limiter.standing("a") == (6, 0.0)
+    limiter.take("a")
+    limiter.take("a")
+    assert limiter.standing("a") == (4, pytest.approx(20.0))  # one token every 10 s
+    clock.advance(5.0)
+    assert limiter.standing("a") == (4, pytest.approx(15.0))
+    assert limiter.standing("a") == (4, pytest.approx(15.0))  # asking spends nothing
+
+
+async def test_a_realtime_response_tells_the_client_its_connection_limit() -> None:
+    """rate_limits.updated: the guard's count of the client's new connections a minute, left as it
+    stands after this socket (server.max_connections_per_minute)."""
+    with live(fake_app(max_connections_per_minute=12)) as address:
+        async with connect(f"ws://{address}/v1/realtime") as ws:
+            await ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"]}}))
+            while (event := json.loads(await asyncio.wait_for(ws.recv(), 10)))["type"] != "rate_limits.updated":
+                pass
+    [requests] = event["rate_limits"]
+    assert requests["name"] == "requests" and requests["limit"] == 12 and requests["remaining"] == 11
+    assert 0 < requests["reset_seconds"] <= 5.0

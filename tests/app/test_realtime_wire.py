@@ -377,13 +377,21 @@ async def test_a_function_call_round_trip_waits_for_the_output_and_response_crea
     ({"type": "input_audio_buffer.clear"}, "unsupported", None),
     ({"type": "session.update", "session": {"output_modalities": ["video"]}}, "invalid_value",
      "session.output_modalities"),
-    ({"type": "response.create", "response": {"input": [{"type": "message"}]}}, "unsupported", "response"),
+    ({"type": "response.create", "response": {"input": [{"type": "message"}]}}, "invalid_value", "response.input[0]"),
+    ({"type": "response.create", "response": {"input": [{"type": "item_reference", "id": "item_x"}]}},
+     "item_not_found", "response.input[0].id"),
+    ({"type": "response.create", "response": {"input": [{"type": "message", "role": "user", "content": [
+        {"type": "input_image", "image_url": "data:"}]}]}}, "unsupported", "response.input[0].content"),
+    ({"type": "response.create", "response": {"tools": [{"type": "function"}]}}, "invalid_tools", "response.tools"),
+    ({"type": "response.create", "response": {"tool_choice": {"type": "function", "name": "nowhere"}}},
+     "invalid_tools", "response.tools"),
+    ({"type": "response.create", "response": {"prompt": {"id": "pmpt_1"}}}, "unsupported", "response"),
     ({"type": "response.create", "response": {"conversation": "other"}}, "invalid_value", "response.conversation"),
     ({"type": "response.cancel"}, "response_cancel_not_active", None),
     ({"type": "conversation.item.truncate", "item_id": "item_x", "content_index": 0, "audio_end_ms": 1.5},
      "invalid_value", "audio_end_ms"),
     ({"type": "conversation.item.retrieve", "item_id": "item_x"}, "item_not_found", "item_id"),
-    ({"type": "conversation.item.delete", "item_id": "item_x"}, "unsupported", "item_id"),
+    ({"type": "conversation.item.delete", "item_id": "item_x"}, "item_not_found", "item_id"),
     ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": []}},
      "invalid_value", "item.content"),
 ])
@@ -476,3 +484,192 @@ def test_turn_detection_settings_the_client_sets_shape_the_calls_endpointing() -
     assert eager.endpointing(base).threshold == base.threshold  # server_vad's values went with its type
     patient = eager.updated({"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}, beta=True)
     assert patient.endpointing(base).max_patience_ms == base.max_patience_ms * 2
+
+
+def typed(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+async def responses(socket: AcceptingFakeSocket, count: int) -> list[dict[str, Any]]:
+    """The first `count` response.done events, waiting for them."""
+    async def look() -> list[dict[str, Any]]:
+        while len(done := [e for e in socket.events() if e["type"] == "response.done"]) < count:
+            await asyncio.sleep(0.01)
+        return done[:count]
+
+    return await asyncio.wait_for(look(), 10)
+
+
+async def test_deleted_items_leave_the_conversation_and_the_models_context() -> None:
+    call, socket, llm = make_call(replies=[REPLY, "Paris.", "Madrid."])
+    task = asyncio.create_task(call.serve())
+    socket.send(type="conversation.item.create", item=typed("Capital of Italy?"))
+    socket.send(type="response.create")
+    first = (await responses(socket, 1))[0]["response"]
+    added = [e["item"]["id"] for e in socket.events() if e["type"] == "conversation.item.added"]
+    user_item, reply_item = added[0], first["output"][0]["id"]
+    # two typed messages answered by one response: each is its own message, deleted alone
+    socket.send(type="conversation.item.create", item=typed("And France?"))
+    socket.send(type="conversation.item.create", item=typed("Just the city."))
+    socket.send(type="response.create")
+    await responses(socket, 2)
+    assert [m.content for m in llm.requests[1][1:]] == ["Capital of Italy?", REPLY, "And France?", "Just the city."]
+    france = [e["item"]["id"] for e in socket.events() if e["type"] == "conversation.item.added"][2]
+    for item_id in (user_item, reply_item, france):
+        socket.send(type="conversation.item.delete", item_id=item_id)
+    while len([e for e in socket.events() if e["type"] == "conversation.item.deleted"]) < 3:
+        await asyncio.sleep(0.01)
+    assert [e["item_id"] for e in socket.events() if e["type"] == "conversation.item.deleted"] == [
+        user_item, reply_item, france]
+    assert call.session is not None
+    assert [m.content for m in call.session.history[1:]] == ["Just the city.", "Paris."]
+    socket.send(type="conversation.item.retrieve", item_id=user_item, event_id="evt_gone")
+    assert (await until(socket, "error"))["error"]["code"] == "item_not_found"
+    socket.send(type="conversation.item.create", item=typed("Spain?"))
+    socket.send(type="response.create")
+    await responses(socket, 3)
+    assert [m.content for m in llm.requests[2][1:]] == ["Just the city.", "Paris.", "Spain?"]
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
+async def test_deleting_a_function_call_takes_its_output_with_it() -> None:
+    call, socket, _ = make_call(replies=[[ToolCall("call_1", "get_weather", '{"city": "Paris"}')],
+                                         "It is sunny in Paris.", "Hello."])
+    task = asyncio.create_task(call.serve())
+    socket.send(type="session.update", session={"type": "realtime", "tools": [WEATHER]})
+    socket.send(type="conversation.item.create", item=typed("Weather in Paris?"))
+    socket.send(type="response.create")
+    first = (await responses(socket, 1))[0]["response"]
+    call_item = next(o for o in first["output"] if o["type"] == "function_call")["id"]
+    socket.send(type="conversation.item.create", item={"type": "function_call_output", "call_id": "call_1",
+                                                       "output": '{"sky": "sunny"}', "id": "item_output"})
+    socket.send(type="response.create")
+    await responses(socket, 2)
+    assert call.session is not None
+    assert any(m.role == "tool" for m in call.session.history)
+    socket.send(type="conversation.item.delete", item_id=call_item)
+    await until(socket, "conversation.item.deleted")
+    while len(gone := [e["item_id"] for e in socket.events() if e["type"] == "conversation.item.deleted"]) < 2:
+        await asyncio.sleep(0.01)
+    assert gone == [call_item, "item_output"]
+    assert not [m for m in call.session.history if m.role == "tool" or m.tool_calls]
+    assert [m.content for m in call.session.history[1:]] == ["Weather in Paris?", "It is sunny in Paris."]
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_response_with_its_own_input_and_tools_answers_those_alone() -> None:
+    """response.input replaces the conversation for one response (items, and references to the
+    conversation's); response.tools and tool_choice replace the session's for it."""
+    call, socket, llm = make_call(replies=[REPLY, "Yes.", "Rome again."])
+    task = asyncio.create_task(call.serve())
+    socket.send(type="conversation.item.create", item=typed("Capital of Italy?"))
+    socket.send(type="response.create")
+    await responses(socket, 1)
+    asked = next(e for e in socket.events() if e["type"] == "conversation.item.added")["item"]["id"]
+    assert call.session is not None
+    history = list(call.session.history)
+    socket.send(type="response.create", response={
+        "conversation": "none", "output_modalities": ["text"], "tools": [WEATHER], "tool_choice": "none",
+        "input": [{"type": "item_reference", "id": asked},
+                  {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Rome."}]},
+                  typed("Is that right?")]})
+    second = (await responses(socket, 2))[1]["response"]
+    assert second["output"][0]["content"] == [{"type": "output_text", "text": "Yes."}]
+    assert [(m.role, m.content) for m in llm.requests[1][1:]] == [
+        ("user", "Capital of Italy?"), ("assistant", "Rome."), ("user", "Is that right?")]
+    offered = llm.tools_seen[1]
+    assert offered is not None and [t.name for t in offered.tools] == ["get_weather"] and offered.choice == "none"
+    assert call.session.history == history  # out of band: the conversation is as it was
+    assert call.session.toolbox is not None and call.session.toolbox.client_tools == ()  # the session's own
+    socket.send(type="response.create")  # the conversation's own context and tools again
+    await responses(socket, 3)
+    assert [m.content for m in llm.requests[2][1:]] == ["Capital of Italy?", REPLY]
+    assert llm.tools_seen[2] is None
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
+async def test_an_idle_caller_is_answered_after_idle_timeout_ms() -> None:
+    call, socket, llm = make_call(replies=[REPLY, "Are you still there?"])
+    task = asyncio.create_task(call.serve())
+    socket.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": {
+        "type": "server_vad", "idle_timeout_ms": 200}}}})
+    socket.send(type="conversation.item.create", item=typed("Capital of Italy?"))
+    socket.send(type="response.create")
+    done = await responses(socket, 2)  # the second answers the silence
+    events = socket.events()
+    kinds = [e["type"] for e in events]
+    triggered = events[kinds.index("input_audio_buffer.timeout_triggered")]
+    assert kinds.index("response.done") < kinds.index("input_audio_buffer.timeout_triggered")
+    assert next(e for e in events if e["type"] == "input_audio_buffer.committed")["item_id"] == triggered["item_id"]
+    assert llm.requests[1][-1].content == "(The caller has said nothing for 0.2 seconds.)"
+    assert done[1]["response"]["output"][0]["content"][0]["transcript"] == "Are you still there?"
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
+async def test_each_response_starts_with_the_clients_rate_limits() -> None:
+    call, socket, _ = make_call()
+    limits = [{"name": "requests", "limit": 30, "remaining": 29, "reset_seconds": 2.0}]
+    socket.scope = {"voice_agent.rate_limits": lambda: limits}  # what the guard leaves (tests/app/test_guard.py)
+    task = asyncio.create_task(call.serve())
+    socket.send(type="conversation.item.create", item=typed("Capital of Italy?"))
+    socket.send(type="response.create")
+    await responses(socket, 1)
+    kinds = [e["type"] for e in socket.events()]
+    assert kinds.index("rate_limits.updated") == kinds.index("response.created") + 1
+    assert next(e for e in socket.events() if e["type"] == "rate_limits.updated")["rate_limits"] == limits
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
+async def test_assistant_and_system_messages_the_client_adds_join_the_context_unanswered() -> None:
+    call, socket, llm = make_call(replies=["Rome.", "Paris."])
+    task = asyncio.create_task(call.serve())
+    socket.send(type="conversation.item.create", item={
+        "type": "message", "role": "system", "content": [{"type": "input_text", "text": "The caller is Ada."}]})
+    socket.send(type="conversation.item.create", item={
+        "type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello Ada."}]})
+    while len([e for e in socket.events() if e["type"] == "conversation.item.done"]) < 2:
+        await asyncio.sleep(0.01)
+    assert not llm.requests  # nothing is answered until response.create
+    socket.send(type="conversation.item.create", item=typed("Capital of Italy?"))
+    socket.send(type="response.create")
+    await responses(socket, 1)
+    assert [(m.role, m.content) for m in llm.requests[0][1:]] == [
+        ("system", "The caller is Ada."), ("assistant", "Hello Ada."), ("user", "Capital of Italy?")]
+    note = next(e for e in socket.events() if e["type"] == "conversation.item.added")["item"]
+    assert note["role"] == "system" and note["content"] == [{"type": "input_text", "text": "The caller is Ada."}]
+    socket.send(type="conversation.item.delete", item_id=note["id"])
+    await until(socket, "conversation.item.deleted")
+    socket.send(type="conversation.item.create", item=typed("And France?"))
+    socket.send(type="response.create")
+    await responses(socket, 2)
+    assert [m.content for m in llm.requests[1][1:]] == ["Hello Ada.", "Capital of Italy?", "Rome.", "And France?"]
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
+async def test_a_function_calls_arguments_come_in_pieces_as_the_model_writes_them() -> None:
+    arguments = '{"city": "Paris", "units": "metric"}'
+    call, socket, llm = make_call(replies=[[ToolCall("call_1", "get_weather", arguments)], "Sunny."])
+    llm.stream_arguments = True
+    task = asyncio.create_task(call.serve())
+    socket.send(type="session.update", session={"type": "realtime", "tools": [WEATHER]})
+    socket.send(type="conversation.item.create", item=typed("Weather in Paris?"))
+    socket.send(type="response.create")
+    first = (await responses(socket, 1))[0]["response"]
+    events = socket.events()
+    deltas = [e for e in events if e["type"] == "response.function_call_arguments.delta"]
+    assert len(deltas) > 1 and "".join(e["delta"] for e in deltas) == arguments
+    assert {e["call_id"] for e in deltas} == {"call_1"}
+    kinds = [e["type"] for e in events]
+    added = [e for e in events if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"]
+    assert len(added) == 1 and kinds.index("response.output_item.added") < kinds.index(
+        "response.function_call_arguments.delta") < kinds.index("response.function_call_arguments.done")
+    assert next(e for e in events if e["type"] == "response.function_call_arguments.done")["arguments"] == arguments
+    assert [o["arguments"] for o in first["output"] if o["type"] == "function_call"] == [arguments]
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)

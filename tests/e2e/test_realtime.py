@@ -197,7 +197,22 @@ async def test_a_typed_message_gets_a_spoken_answer_a_text_one_and_the_call_is_k
         assert not line.of("response.output_audio.delta", after=mark)  # a text reply: no audio
         assert words("".join(e["delta"] for e in line.of("response.output_text.delta", after=mark))) == words(
             written["text"])
+        # each response began with the client's limits, as the guard counts them
+        limits = line.of("rate_limits.updated")
+        assert len(limits) == 2 and limits[0]["rate_limits"][0]["name"] == "requests", limits
+        # an out-of-band response with its own input, then the first question deleted
+        mark = len(line.events)
+        await connection.response.create(response={
+            "conversation": "none", "output_modalities": ["text"],
+            "input": [{"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "What is ten plus ten?"}]}]})
+        oob = await line.wait_for("response.done", 90, after=mark)
+        answer = oob["response"]["output"][0]["content"][0]["text"]
+        assert oob["response"]["conversation_id"] is None and {"twenty", "20"} & set(words(answer)), answer
+        first_item = line.of("conversation.item.added")[0]["item"]["id"]
+        await connection.conversation.item.delete(item_id=first_item)
+        assert (await line.wait_for("conversation.item.deleted", 10))["item_id"] == first_item
     # the QA store keeps a Realtime call like any other
-    record = await kept_call(server, session_id, 2)
-    assert record["call"]["transport"] == "realtime" and len(record["turns"]) == 2, record["call"]
-    assert [t["user_text"] for t in record["turns"]] == ["What is two plus two?", "And three plus three?"]
+    record = await kept_call(server, session_id, 3)
+    assert record["call"]["transport"] == "realtime" and len(record["turns"]) == 3, record["call"]
+    assert [t["user_text"] for t in record["turns"]][:2] == ["What is two plus two?", "And three plus three?"]

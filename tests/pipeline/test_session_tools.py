@@ -16,7 +16,7 @@ from aiohttp import web
 
 from models.tool_calls import Tool, ToolCall
 from pipeline.config import ToolsConfig
-from pipeline.events import FunctionCallRequest, ResponseDone
+from pipeline.events import FunctionCallDelta, FunctionCallRequest, ResponseDone
 from pipeline.session import Session
 from pipeline.tools import HttpTool, ToolBox
 from tests.pipeline.fakes import DistantClock, FakeLLM, RecordingOutbound
@@ -164,6 +164,7 @@ async def test_a_preemptive_reply_dropped_at_the_pause_runs_no_tool() -> None:
     """The caller pauses (a preemptive reply starts and makes a call), then goes on: the call is
     never dispatched; the reply to the whole turn makes its own."""
     llm = FakeLLM([[call(call_id="early")], [call(call_id="late")], "Found it."])
+    llm.stream_arguments = True
     session, out = make_session(llm, ["Where is my", "Where is my order 4512?"])
     with_client_tools(session)
     task = asyncio.create_task(session.run())
@@ -176,6 +177,12 @@ async def test_a_preemptive_reply_dropped_at_the_pause_runs_no_tool() -> None:
     await speak(session, 0.6, False)
     await out.wait(lambda: any(d.status == "completed" for d in done_events(out)), timeout=10)
     assert "early" not in answered and "late" in answered
+    # the arguments' pieces as written, only for the call the caller's reply made (the dropped
+    # reply's were held, never shown), and before the call itself
+    pieces = [e for e in out.events if isinstance(e, FunctionCallDelta)]
+    assert {e.call_id for e in pieces} == {"late"} and "".join(e.delta for e in pieces) == call().arguments
+    request = next(i for i, e in enumerate(out.events) if isinstance(e, FunctionCallRequest))
+    assert out.events.index(pieces[-1]) < request
     assert done_events(out)[0].discarded == 1  # the preemptive reply (whose call was made) was dropped
     assert [m.content for m in llm.requests[0]][-1] == "Where is my"
     client.cancel()

@@ -9,16 +9,19 @@ import asyncio
 import base64
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.metrics import Metrics
 from app.transports.call import SocketWriter
+from app.transports.realtime.idle import IdleTimer
 from app.transports.realtime.protocol import Dialect, error_event, message_item, new_id
 from models.tool_calls import ToolCall
 from pipeline.audio import pcm16_to_alaw, pcm16_to_mulaw
 from pipeline.events import (
     ErrorEvent,
+    FunctionCallDelta,
     FunctionCallRequest,
     OutEvent,
     ReplyText,
@@ -48,6 +51,20 @@ class Response:
     in_conversation: bool = True  # False: out of band (conversation "none"): its items join no conversation
 
 
+@dataclass
+class CallItem:
+    """A function_call item going out: its response, the item, its place, the arguments shown so far."""
+
+    response: Response
+    item: dict[str, Any]
+    index: int
+    shown: str = ""
+
+    def where(self) -> dict[str, Any]:
+        return {"response_id": self.response.id, "item_id": self.item["id"], "output_index": self.index,
+                "call_id": self.item["call_id"]}
+
+
 class RealtimeOutbound:
     def __init__(self, writer: SocketWriter, dialect: Dialect, metrics: Metrics, output_format: str,
                  output_rate: int) -> None:
@@ -64,10 +81,14 @@ class RealtimeOutbound:
         self.response: Response | None = None
         self.turn_sent: dict[int, int] = {}  # samples sent per turn, every reply to it
         self.speech_ms: dict[int, list[float]] = {}  # turn id -> where its speech began and ended
-        self.calls_sent: set[str] = set()  # function calls the client was shown
+        self.calls_sent: set[str] = set()  # function calls the client was shown whole
+        self.calls_open: dict[str, CallItem] = {}  # function calls whose arguments are coming in pieces
         self.speaks = True  # the session's output_modalities: audio (with its transcript), or text
         self.next_speaks: bool | None = None  # response.create's own output_modalities, for the next response
         self.next_in_conversation = True  # response.create's conversation ("none": False), for the next response
+        self.idle: IdleTimer | None = None  # idle_timeout_ms: armed by each reply done, disarmed by speech
+        self.lead_s = 0.0  # how far reply audio runs ahead of playback (session.output_lead_ms)
+        self.rate_limits: Callable[[], list[dict[str, Any]]] | None = None  # the client's, from the guard
         # one Session event at a time: a function call (asked from its own task) and the end of the
         # reply that made it must not interleave their events
         self.lock = asyncio.Lock()
@@ -89,6 +110,13 @@ class RealtimeOutbound:
         self.items[item["id"]] = item
         await self.send("conversation.item.added", previous_item_id=previous, item=item)
 
+    def forget_item(self, item_id: str) -> None:
+        """The item left the conversation (conversation.item.delete)."""
+        self.items.pop(item_id, None)
+        self.item_turns.pop(item_id, None)
+        if self.last_item == item_id:
+            self.last_item = next(reversed(self.items), None)
+
     # -- the Session's Outbound ----------------------------------------------------------------------
     async def send_event(self, event: OutEvent) -> None:
         async with self.lock:
@@ -96,6 +124,8 @@ class RealtimeOutbound:
 
     async def _event(self, event: OutEvent) -> None:
         if isinstance(event, SpeechStarted):
+            if self.idle is not None:
+                self.idle.disarm()
             self.speech_ms[event.turn_id] = [event.audio_ms, event.audio_ms]
             await self.send("input_audio_buffer.speech_started", audio_start_ms=int(event.audio_ms),
                             item_id=self.user_item(event.turn_id))
@@ -115,6 +145,8 @@ class RealtimeOutbound:
             response = await self._message(event.turn_id)
             kind = "response.output_audio_transcript.delta" if response.speaks else "response.output_text.delta"
             await self.send(kind, **self._where(response), delta=event.text)
+        elif isinstance(event, FunctionCallDelta):
+            await self._call_delta(event)
         elif isinstance(event, FunctionCallRequest):
             await self._function_call(event.turn_id, event.call)
         elif isinstance(event, ResponseDone):
@@ -169,6 +201,10 @@ class RealtimeOutbound:
         await self.send("response.created", response={"id": response.id, "object": "realtime.response",
                                                       "status": "in_progress", "output": [],
                                                       **self._conversation(response), **self._modalities(response)})
+        if self.idle is not None:
+            self.idle.disarm()
+        if self.rate_limits is not None:  # as OpenAI's server, at the start of each response
+            await self.send("rate_limits.updated", rate_limits=self.rate_limits())
         return response
 
     async def _message(self, turn_id: int) -> Response:
@@ -188,31 +224,64 @@ class RealtimeOutbound:
         await self.send("response.content_part.added", **self._where(response), part=part)
         return response
 
-    async def _function_call(self, turn_id: int, call: ToolCall) -> None:
-        """The client is asked to run one of its tools: a function_call item, its arguments, done
-        (status completed: what OpenAI's clients act on), in the response that made the call (or,
-        asked after it ended, in one of its own). The client answers with a function_call_output
-        item and response.create."""
-        if call.call_id in self.calls_sent:
-            return
-        self.calls_sent.add(call.call_id)
-        opened = self.response is None or self.response.turn_id != turn_id
+    async def _call_item(self, turn_id: int, call_id: str, name: str) -> CallItem:
+        """A function_call output item, in progress, in the response this turn's output belongs to."""
         response = await self._open(turn_id)
         item = {"id": new_id("item"), "object": "realtime.item", "type": "function_call", "status": "in_progress",
-                "name": call.name, "call_id": call.call_id, "arguments": ""}
+                "name": name, "call_id": call_id, "arguments": ""}
         index = len(response.output)
         response.output.append(item)
         await self.send("response.output_item.added", response_id=response.id, output_index=index, item=dict(item))
         await self.add_item(dict(item))
-        where = {"response_id": response.id, "item_id": item["id"], "output_index": index, "call_id": call.call_id}
-        await self.send("response.function_call_arguments.delta", **where, delta=call.arguments)
+        return CallItem(response, item, index)
+
+    async def _call_delta(self, event: FunctionCallDelta) -> None:
+        """A piece of a client call's arguments as the model writes them."""
+        if event.call_id in self.calls_sent:
+            return
+        open_call = self.calls_open.get(event.call_id)
+        if open_call is None:
+            open_call = self.calls_open[event.call_id] = await self._call_item(event.turn_id, event.call_id,
+                                                                                event.name)
+        open_call.shown += event.delta
+        await self.send("response.function_call_arguments.delta", **open_call.where(), delta=event.delta)
+
+    async def _function_call(self, turn_id: int, call: ToolCall) -> None:
+        """The client is asked to run one of its tools: a function_call item (opened by the first
+        piece of its arguments, if they came in pieces), the rest of its arguments, done (status
+        completed: what OpenAI's clients act on), in the response that made the call (or, asked
+        after it ended, in one of its own). The client answers with a function_call_output item and
+        response.create."""
+        if call.call_id in self.calls_sent:
+            return
+        self.calls_sent.add(call.call_id)
+        open_call = self.calls_open.pop(call.call_id, None)
+        opened = open_call is None and (self.response is None or self.response.turn_id != turn_id)
+        if open_call is None:
+            open_call = await self._call_item(turn_id, call.call_id, call.name)
+        response, item, where = open_call.response, open_call.item, open_call.where()
+        rest = call.arguments[len(open_call.shown):] if call.arguments.startswith(open_call.shown) else ""
+        if rest or not open_call.shown:
+            await self.send("response.function_call_arguments.delta", **where, delta=rest)
         await self.send("response.function_call_arguments.done", **where, name=call.name, arguments=call.arguments)
         item.update(status="completed", arguments=call.arguments)
         self.items[item["id"]] = item
-        await self.send("response.output_item.done", response_id=response.id, output_index=index, item=item)
+        await self.send("response.output_item.done", response_id=response.id, output_index=open_call.index, item=item)
         await self.send("conversation.item.done", item=item)
         if opened:  # asked after its reply had ended: a response of its own
             await self._close(response, "completed", None)
+
+    async def _end_unfinished_calls(self, response: Response) -> None:
+        """Calls the response began writing and never finished (cut off, or the reply stopped)."""
+        for call_id, open_call in list(self.calls_open.items()):
+            if open_call.response is response:
+                del self.calls_open[call_id]
+                item = open_call.item
+                item.update(status="incomplete", arguments=open_call.shown)
+                self.items[item["id"]] = item
+                await self.send("response.output_item.done", response_id=response.id, output_index=open_call.index,
+                                item=item)
+                await self.send("conversation.item.done", item=item)
 
     def _conversation(self, response: Response) -> dict[str, Any]:
         return {"conversation_id": self.conversation_id if response.in_conversation else None}
@@ -251,8 +320,13 @@ class RealtimeOutbound:
 
     async def _close(self, response: Response, status: str, done: ResponseDone | None) -> None:
         stats = done.stats if done is not None else None
+        await self._end_unfinished_calls(response)
         if self.response is response:
             self.response = None
+        calls = any(item["type"] == "function_call" for item in response.output)  # the client's turn to act
+        if self.idle is not None and status == "completed" and not calls:  # silence counts once it has played
+            sent_s = self.turn_sent.get(response.turn_id, 0) / self.output_rate - response.offset_ms / 1000
+            self.idle.arm(min(self.lead_s, sent_s) if response.speaks else 0.0)
         details: dict[str, Any] | None = None
         if status == "cancelled":
             details = {"type": "cancelled", "reason": "turn_detected"}

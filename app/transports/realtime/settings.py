@@ -62,6 +62,13 @@ class RealtimeSettings:
         return self.turn_detection is None or self.turn_detection.get("interrupt_response", True) is not False
 
     @property
+    def idle_timeout_s(self) -> float | None:
+        """turn_detection's idle_timeout_ms: how long the caller may stay silent after a reply has
+        played before the server answers them anyway (None: never)."""
+        idle = self.turn_detection.get("idle_timeout_ms") if self.turn_detection is not None else None
+        return idle / 1000 if isinstance(idle, int) else None
+
+    @property
     def input_rate(self) -> int:
         return FORMAT_RATES[self.input_format]
 
@@ -204,6 +211,10 @@ def _turn_detection(value: Any, current: dict[str, Any], param: str) -> dict[str
     for flag in ("create_response", "interrupt_response"):
         if not isinstance(value.get(flag, True), bool):
             raise RealtimeError("invalid_value", f"{param}.{flag} must be true or false", f"{param}.{flag}")
+    idle = value.get("idle_timeout_ms")
+    if idle is not None and (not isinstance(idle, int) or isinstance(idle, bool) or idle < 1):
+        raise RealtimeError("invalid_value", f"{param}.idle_timeout_ms must be a whole number of ms, 1 or more, or "
+                            "null", f"{param}.idle_timeout_ms")
     kept = {k: v for k, v in current.items() if k != "type" and k != "eagerness"} or {
         "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500, "idle_timeout_ms": None}
     if value["type"] == "semantic_vad":

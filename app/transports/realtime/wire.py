@@ -13,18 +13,22 @@ import binascii
 import dataclasses
 import json
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, WebSocket
 
 from app.runtime import Runtime
-from app.security.guard import socket_key
+from app.security.guard import rate_limits, socket_key
 from app.transports.call import Call, Message
+from app.transports.realtime.idle import IdleTimer
+from app.transports.realtime.items import item_message
 from app.transports.realtime.outbound import RealtimeOutbound
 from app.transports.realtime.protocol import Dialect, RealtimeError, error_event, message_item, new_id
 from app.transports.realtime.settings import RealtimeSettings, parse_modalities
 from core.errors import ConfigError
+from models.protocols import ChatMessage
+from models.tool_calls import Tools
 from pipeline.audio import alaw_to_pcm16, mulaw_to_pcm16, pcm16_to_float, resample
 
 log = logging.getLogger(__name__)
@@ -40,7 +44,9 @@ class RealtimeWire:
         self.label = call.session_id
         self.settings = RealtimeSettings(model=model, id=call.session_id)
         self.outbound: RealtimeOutbound | None = None
-        self.pending_text: list[str] = []  # user text items not yet answered (response.create answers them)
+        self.pending_text: list[tuple[str | None, str]] = []  # user messages not yet answered: (item id, words)
+        # an item the client added, in the history -> (the turn it is kept under, its role, its words): delete
+        self.typed: dict[str, tuple[int, str, str]] = {}
         self.pending_outputs: list[tuple[str, str]] = []  # function_call_output items, given at response.create
         self.buffer: list[np.ndarray] = []  # turn_detection null: the caller's audio until they commit it
         self.buffered = 0  # its samples
@@ -51,6 +57,8 @@ class RealtimeWire:
         self.event_id: str | None = None  # the client event being handled, for its error
         self.param: str | None = None  # the field it got wrong
         self.limit = call.runtime.settings.realtime.max_event_bytes
+        self.idle = IdleTimer(call.runtime.clock, self._idle)
+        self.input_samples = 0  # the caller's audio appended so far (the input buffer's clock)
 
     # -- the call runner's Wire ----------------------------------------------------------------------
     async def report(self, code: str, message: str, bad: bool = False) -> None:
@@ -145,6 +153,7 @@ class RealtimeWire:
         self._start()
         if not len(samples):
             return
+        self.input_samples += len(samples)
         if self.settings.turn_detection is not None:
             return await self.call.feed(samples)
         limit = int(self.call.runtime.settings.endpointing.max_turn_s * self.settings.input_rate)
@@ -177,7 +186,7 @@ class RealtimeWire:
         text = await self._transcribe(audio)
         await outbound.transcribed(item_id, text, len(audio) / rate)
         if text:
-            self.pending_text.append(text)
+            self.pending_text.append((item_id, text))
 
     async def audio_clear(self, event: dict[str, Any]) -> None:
         detection = self.settings.turn_detection
@@ -195,9 +204,11 @@ class RealtimeWire:
         item_id = given[:64] if isinstance(given, str) and given else new_id("item")
         if item.get("type") == "function_call_output":
             return await self._function_output(item_id, item)
+        if item.get("type") == "message" and item.get("role") in ("assistant", "system"):
+            return await self._said_item(item_id, item)
         if item.get("type") != "message" or item.get("role") != "user":
-            raise RealtimeError("unsupported", "only user messages and function_call_output items can be added yet "
-                                f"(not {item.get('type')!r} items of role {item.get('role')!r})", "item.type")
+            raise RealtimeError("unsupported", "messages and function_call_output items can be added (not "
+                                f"{item.get('type')!r} items of role {item.get('role')!r})", "item.type")
         content = item.get("content")
         if not isinstance(content, list) or not content:
             raise RealtimeError("invalid_value", "a message needs `content`: a list of parts", "item.content")
@@ -223,7 +234,22 @@ class RealtimeWire:
                                 "item")
         await self._add(message_item(item_id, "user", "completed", parts))
         if text:
-            self.pending_text.append(text)
+            self.pending_text.append((item_id, text))
+
+    async def _said_item(self, item_id: str, item: dict[str, Any]) -> None:
+        """An assistant's or a system message the client adds (earlier words, a note): it joins the
+        conversation and the history as it is, and no reply is made."""
+        message = item_message(item, "item")
+        limit = self.call.runtime.settings.session.max_instructions_chars
+        if not message.content or len(message.content) > limit:
+            raise RealtimeError("invalid_value", f"a message needs words, at most {limit} characters", "item.content")
+        self._start()
+        assert self.call.session is not None
+        turn_id = self.call.session.add_message(message)
+        part = (self.dialect.text_part(message.content) if message.role == "assistant"
+                else {"type": "input_text", "text": message.content})
+        await self._add(message_item(item_id, message.role, "completed", [part]))
+        self.typed[item_id] = (turn_id, message.role, message.content)
 
     async def _function_output(self, item_id: str, item: dict[str, Any]) -> None:
         """The result of a function the server asked the client to run: kept until response.create,
@@ -274,11 +300,11 @@ class RealtimeWire:
         if not isinstance(asked, dict):
             raise RealtimeError("invalid_value", "`response` must be an object", "response")
         modalities = "modalities" if self.dialect.beta else "output_modalities"
-        served = ("metadata", modalities, "instructions", "conversation")
+        served = ("metadata", modalities, "instructions", "conversation", "tools", "tool_choice", "input")
         unsupported = sorted(k for k, v in asked.items() if v not in (None, [], "auto") and k not in served)
         if unsupported:
-            raise RealtimeError("unsupported", f"response.create with {', '.join(unsupported)} is not served yet: "
-                                "a response answers the conversation with the session's tools", "response")
+            raise RealtimeError("unsupported", f"response.create with {', '.join(unsupported)} is not served yet "
+                                "(docs/realtime.md)", "response")
         speaks = (self.settings.speaks if asked.get(modalities) is None
                   else parse_modalities(asked[modalities], f"response.{modalities}"))
         instructions = asked.get("instructions")
@@ -288,33 +314,139 @@ class RealtimeWire:
         if conversation not in ("auto", "none", None):
             raise RealtimeError("invalid_value", "response.conversation must be 'auto' or 'none'",
                                 "response.conversation")
+        tools: Tools | Literal["call"] | None = "call"
+        if asked.get("tools") is not None or asked.get("tool_choice") is not None:
+            try:
+                tools = self.toolbox.for_response(asked.get("tools"), asked.get("tool_choice"))
+            except ConfigError as exc:
+                raise RealtimeError("invalid_tools", str(exc), "response.tools") from exc
+        context = None if asked.get("input") is None else await self._context(asked["input"])
         out_of_band = conversation == "none"
         self._start()
         session, outbound = self.call.session, self.outbound
         assert session is not None and outbound is not None
-        if not out_of_band:
+        texts: list[tuple[str | None, str]] = []
+        if not out_of_band and context is None:
             outputs, self.pending_outputs = self.pending_outputs, []
             answered = [session.on_function_output(call_id, output) for call_id, output in outputs]
             if any(answered) and not self.pending_text:
                 return  # the reply that made the calls goes on from their results
-        text = None if out_of_band else " ".join(self.pending_text).strip() or None
-        if not out_of_band:
-            self.pending_text.clear()
+            texts, self.pending_text = self.pending_text, []
         # this response's own settings; the session's hold again after it
         session.speaks, outbound.next_speaks, outbound.next_in_conversation = speaks, speaks, not out_of_band
         try:
-            await session.on_text(text, instructions=instructions or None, in_history=not out_of_band)
+            turn_id = await session.on_text([text for _, text in texts], instructions=instructions or None,
+                                            in_history=not out_of_band, context=context, tools=tools)
         finally:
             session.speaks = self.settings.speaks
+        for item_id, text in texts:
+            if item_id is not None:
+                self.typed[item_id] = (turn_id, "user", text)
+
+    async def _context(self, items: Any) -> tuple[ChatMessage, ...]:
+        """response.input: the messages one response answers, in place of the conversation."""
+        if not isinstance(items, list) or len(items) > MAX_PENDING_ITEMS:
+            raise RealtimeError("invalid_value", f"response.input must be a list of at most {MAX_PENDING_ITEMS} "
+                                "items", "response.input")
+        messages = []
+        for i, item in enumerate(items):
+            param = f"response.input[{i}]"
+            if not isinstance(item, dict):
+                raise RealtimeError("invalid_value", "an input item must be an object", param)
+            if item.get("type") == "item_reference":
+                found = self.outbound.items.get(str(item.get("id"))) if self.outbound is not None else None
+                if found is None:
+                    raise RealtimeError("item_not_found", f"no item {str(item.get('id'))[:80]!r} in this "
+                                        "conversation", f"{param}.id")
+                item = found
+            elif item.get("type") == "message":
+                item = await self._heard_parts(item, param)
+            messages.append(item_message(item, param))
+        limit = self.call.runtime.settings.session.max_instructions_chars * 4
+        if sum(len(m.content) for m in messages) > limit:
+            raise RealtimeError("invalid_value", f"response.input is limited to {limit} characters of words",
+                                "response.input")
+        return tuple(messages)
+
+    async def _heard_parts(self, item: dict[str, Any], param: str) -> dict[str, Any]:
+        """A message with its input_audio parts' audio turned into transcripts (by the server's Whisper)."""
+        content = item.get("content")
+        if not isinstance(content, list):
+            return item
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "input_audio" and part.get("audio") is not None:
+                heard = await self._transcribe(self._samples(part["audio"], f"{param}.content.audio"))
+                part = {"type": "input_audio", "transcript": heard}
+            parts.append(part)
+        return {**item, "content": parts}
 
     async def item_delete(self, event: dict[str, Any]) -> None:
-        raise RealtimeError("unsupported", "conversation.item.delete is not served yet: the conversation keeps its "
-                            "items; open a new session to start afresh", "item_id")
+        """The item leaves the conversation, and its words (or its call) leave the model's context."""
+        item_id = str(event.get("item_id"))
+        outbound = self.outbound
+        item = outbound.items.get(item_id) if outbound is not None else None
+        if outbound is None or item is None:
+            raise RealtimeError("item_not_found", f"no item {item_id[:80]!r} in this conversation", "item_id")
+        if outbound.response is not None and any(o["id"] == item_id for o in outbound.response.output):
+            raise RealtimeError("invalid_value", "the item is part of the response in progress: cancel the response "
+                                "or wait for its response.done", "item_id")
+        session = self.call.session
+        assert session is not None
+        gone = [item_id]
+        if item.get("type") in ("function_call", "function_call_output"):
+            call_id = str(item.get("call_id"))
+            session.forget_call(call_id)
+            self.pending_outputs = [(c, o) for c, o in self.pending_outputs if c != call_id]
+            gone += [i for i, other in outbound.items.items()
+                     if i != item_id and other.get("call_id") == call_id and other.get("type") in
+                     ("function_call", "function_call_output")]
+        elif item_id in self.typed and item.get("role") in ("assistant", "system"):
+            turn_id, role, text = self.typed.pop(item_id)
+            session.forget(turn_id, role, text)
+        elif item.get("role") == "user":
+            waiting = [(i, t) for i, t in self.pending_text if i == item_id]
+            if waiting:
+                self.pending_text.remove(waiting[0])
+            elif item_id in self.typed:
+                turn_id, role, text = self.typed.pop(item_id)
+                session.forget(turn_id, role, text)
+            else:
+                spoken = next((t for t, i in outbound.user_items.items() if i == item_id), None)
+                if spoken is not None:
+                    session.forget(spoken, "user")
+        elif item_id in outbound.item_turns:
+            turn_id, _ = outbound.item_turns[item_id]
+            content = item.get("content") or [{}]
+            session.forget(turn_id, "assistant", content[0].get("transcript") or content[0].get("text"))
+        for gone_id in gone:
+            outbound.forget_item(gone_id)
+            await self._send("conversation.item.deleted", item_id=gone_id)
 
     async def response_cancel(self, event: dict[str, Any]) -> None:
         session = self.call.session
         if session is None or not await session.cancel_reply():
             raise RealtimeError("response_cancel_not_active", "no response is in progress to cancel")
+
+    async def _idle(self) -> None:
+        """idle_timeout_ms ran out after a reply played: the silence is committed as the caller's
+        (empty) turn, and the model answers it, knowing only that the caller said nothing."""
+        session, outbound, timeout_s = self.call.session, self.outbound, self.settings.idle_timeout_s
+        if session is None or session.closed or outbound is None or timeout_s is None:
+            return
+        end_ms = 1000 * self.input_samples // self.settings.input_rate
+        item_id = new_id("item")
+        log.info("%s: the caller was silent for %.1f s after the reply (idle_timeout_ms)", self.label, timeout_s)
+        await self._send("input_audio_buffer.timeout_triggered", audio_start_ms=max(0, end_ms - int(1000 * timeout_s)),
+                         audio_end_ms=end_ms, item_id=item_id)
+        await self._send("input_audio_buffer.committed", item_id=item_id, previous_item_id=outbound.last_item)
+        await self._add(message_item(item_id, "user", "completed", [{"type": "input_audio", "transcript": ""}]))
+        note = self.call.runtime.settings.realtime.idle_note.replace("{seconds}", f"{timeout_s:g}")
+        if not self.settings.answers_turns:
+            self.pending_text.append((item_id, note))
+            return
+        turn_id = await session.on_text([note])
+        self.typed[item_id] = (turn_id, "user", note)
 
     # -- helpers -------------------------------------------------------------------------------------
     async def _send(self, ga_name: str, **fields: Any) -> None:
@@ -325,10 +457,11 @@ class RealtimeWire:
     def _session_json(self) -> dict[str, Any]:
         return self.settings.as_beta() if self.dialect.beta else self.settings.as_ga()
 
-    def _heard(self, text: str) -> None:
-        """create_response false: the caller's words wait for the client's response.create."""
-        if len(self.pending_text) < MAX_PENDING_ITEMS:
-            self.pending_text.append(text)
+    def _heard(self, turn_id: int, text: str) -> None:
+        """create_response false: the caller's words (turn `turn_id`'s item) wait for the client's
+        response.create."""
+        if len(self.pending_text) < MAX_PENDING_ITEMS and self.outbound is not None:
+            self.pending_text.append((self.outbound.user_items.get(turn_id), text))
 
     def _default_prompt(self) -> str:
         return self.call.runtime.settings.session.system_prompt
@@ -341,6 +474,7 @@ class RealtimeWire:
         session.speaks = outbound.speaks = settings.speaks
         session.on_words = None if settings.answers_turns else self._heard
         session.speech_interrupts = settings.interrupts
+        self.idle.timeout_s = settings.idle_timeout_s
 
     def _start(self) -> None:
         """The pipeline's Session, started with the settings as they are now."""
@@ -348,10 +482,13 @@ class RealtimeWire:
             return
         runtime = self.call.runtime
         settings = self.settings
-        self.outbound = RealtimeOutbound(self.call.writer, self.dialect, runtime.metrics, settings.output_format,
-                                         settings.output_rate)
+        outbound = self.outbound = RealtimeOutbound(self.call.writer, self.dialect, runtime.metrics,
+                                                    settings.output_format, settings.output_rate)
         client = getattr(self.call.websocket, "client", None)
         config = runtime.pipeline_config()
+        outbound.idle = self.idle
+        outbound.lead_s = config.session.output_lead_ms / 1000
+        outbound.rate_limits = rate_limits(getattr(self.call.websocket, "scope", None))
         config = dataclasses.replace(config, endpointing=settings.endpointing(config.endpointing))
         self.call.start_session(self.outbound, input_rate=settings.input_rate,
                                           output_rate=settings.output_rate, toolbox=self.toolbox,
