@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, Response
 from fastapi.staticfiles import StaticFiles
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from app import openai_api, qa_api, qa_pages
+from app import health, openai_api, qa_api, qa_pages
 from app.metrics_server import start_metrics_server
 from app.redact import install_log_redaction
 from app.runtime import Runtime
@@ -58,12 +58,14 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app = FastAPI(title="voice-agent", version="0.1.0", lifespan=lifespan)
     app.state.runtime = runtime
     settings = runtime.settings
+    runtime.metrics.call_slots.set(settings.server.max_sessions)
     app.state.access = access.Access(settings.server, runtime.clock,
                                      public_urls=[settings.twilio.public_url, settings.telnyx.public_url])
     app.add_middleware(Guard, access=app.state.access, settings=settings, clock=runtime.clock)
     trusted = [str(n) for n in parse_networks(settings.server.trusted_proxies, "server.trusted_proxies")]
     if trusted:  # outside the guard: the guard sees the client a trusted proxy names, and its scheme
         app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=trusted)
+    app.include_router(health.router)
     app.include_router(access.router)
     app.include_router(native.router)
     app.include_router(realtime.router)
@@ -83,13 +85,5 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     async def metrics(request: Request) -> Response:
         body, content_type = runtime.metrics.render(request.headers.get("accept", ""))
         return Response(body, media_type=content_type)
-
-    @app.get("/healthz")
-    async def healthz() -> JSONResponse:
-        body = {"status": runtime.status, "sessions": len(runtime.sessions)}
-        if runtime.load_error:
-            body["error"] = runtime.load_error
-        serving = runtime.ready.is_set() and not runtime.draining.is_set()  # draining: send no new calls here
-        return JSONResponse(body, status_code=200 if serving else 503)
 
     return app

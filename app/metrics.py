@@ -15,7 +15,7 @@ from pipeline.turns import MARKS
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 STAGES = tuple(m for m in MARKS if m != "speech_end")
-TRANSPORTS = ("ws", "twilio", "telnyx")  # how calls arrive: the native socket, phone calls
+TRANSPORTS = ("ws", "twilio", "telnyx", "realtime")  # how calls arrive: the native socket, phone calls, Realtime
 
 
 class Metrics:
@@ -31,6 +31,9 @@ class Metrics:
             buckets=LATENCY_BUCKETS, registry=r)
         self.active_sessions = Gauge("voice_agent_active_sessions", "Calls in progress", ["transport"], registry=r)
         self.sessions = Counter("voice_agent_sessions_total", "Calls started", ["transport"], registry=r)
+        self.call_slots = Gauge(
+            "voice_agent_call_slots", "Calls this replica takes at once (server.max_sessions); an autoscaler's "
+            "measure is sum(voice_agent_active_sessions) / voice_agent_call_slots", registry=r)
         for transport in TRANSPORTS:  # every transport's series exists from the start, at 0
             self.active_sessions.labels(transport)
             self.sessions.labels(transport)

@@ -62,11 +62,11 @@ CLOSE_POLICY = 1008
 CLOSE_TRY_LATER = 1013
 CLIENT_SLOT = "voice_agent.client_slot"  # scope key: the call's place in its client's count (a Slot)
 RATE_LIMITS = "voice_agent.rate_limits"  # scope key: what the socket's client has left of its limits, asked later
-OPEN_PATHS = frozenset({"/", "/healthz", "/api/auth", "/api/login", "/api/logout", "/twilio/voice",
+OPEN_PATHS = frozenset({"/", "/healthz", "/livez", "/readyz", "/api/auth", "/api/login", "/api/logout", "/twilio/voice",
                         "/twilio/media", "/telnyx/media"})
 OPEN_PREFIXES = ("/static/",)
 PHONE_SOCKETS = frozenset({"/twilio/media", "/telnyx/media"})
-ANY_HOST = frozenset({"/healthz"})
+ANY_HOST = frozenset({"/healthz", "/livez", "/readyz"})  # probes name the pod's address
 LOGIN_PAGE = Path(__file__).parents[1] / "static" / "login.html"
 KEY_HINT = "send Authorization: Bearer <key> (a key from server.api_keys)"
 WS_KEY_HINT = "needs a key: Authorization: Bearer <key>, or ?token= from POST /api/session-token"

@@ -1,0 +1,52 @@
+"""Health for a load balancer and an orchestrator (docs/deployment.md):
+
+- `/livez`: the process is alive. 503 only when the models failed to load, which a restart may
+  mend; loading and draining are alive (a replica that drains must not be killed for it).
+- `/readyz`: send this replica a new call. 503 while the models load, while it drains, and while
+  every call slot (server.max_sessions) is taken: the same admission checks every call passes
+  (app/transports/call.py), so a balancer that follows it sends no call that would be refused.
+- `/healthz`: kept for compatibility: 200 once ready and until it drains, whatever the slots.
+
+Each answers JSON with the replica's calls in progress and its slots."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from app.runtime import Runtime
+from app.transports.call import refusal
+
+router = APIRouter()
+
+
+def _body(runtime: Runtime, status: str) -> dict[str, object]:
+    body: dict[str, object] = {"status": status, "sessions": len(runtime.sessions),
+                               "max_sessions": runtime.settings.server.max_sessions}
+    if runtime.load_error:
+        body["error"] = runtime.load_error
+    return body
+
+
+@router.get("/livez")
+async def livez(request: Request) -> JSONResponse:
+    runtime: Runtime = request.app.state.runtime
+    failed = runtime.load_error is not None
+    return JSONResponse(_body(runtime, "failed" if failed else "alive"), status_code=503 if failed else 200)
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    runtime: Runtime = request.app.state.runtime
+    refused = refusal(runtime)
+    body = _body(runtime, "ready" if refused is None else refused.code)
+    if refused is not None:
+        body["reason"] = refused.message
+    return JSONResponse(body, status_code=200 if refused is None else 503)
+
+
+@router.get("/healthz")
+async def healthz(request: Request) -> JSONResponse:
+    runtime: Runtime = request.app.state.runtime
+    serving = runtime.ready.is_set() and not runtime.draining.is_set()  # draining: send no new calls here
+    return JSONResponse(_body(runtime, runtime.status), status_code=200 if serving else 503)
