@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 
 from app.metrics import Metrics
-from app.security.access import Tokens
+from app.security.tokens import Tokens, token_secret
 from app.settings import Settings
 from app.store import CallStore
 from app.store.traces import TurnTracer, make_tracer
@@ -58,7 +58,8 @@ class Runtime:
     http: httpx.AsyncClient | None = None  # calls them (made with the first call that has some)
 
     def __post_init__(self) -> None:
-        self.stream_nonces = Tokens(self.settings.twilio.stream_nonce_ttl_s, self.clock)
+        self.stream_nonces = Tokens(self.settings.twilio.stream_nonce_ttl_s, self.clock,
+                                    token_secret(self.settings.server), "stream nonce")
         self.telnyx_tokens = StreamTokens(self.settings.telnyx)
 
     def open_session(self, session_id: str, transport: str) -> None:

@@ -55,6 +55,11 @@ class ServerConfig(BaseModel):
     trusted_proxies: list[str] = Field(
         default_factory=list, description="addresses or networks (10.0.0.0/8) of proxies whose X-Forwarded-For "
         "names the client; from anyone else the header is ignored")
+    token_secret: SecretStr = Field(
+        SecretStr(""), description="the secret session tokens, login cookies, ephemeral keys and stream nonces are "
+        "signed with; the same on every replica, so one replica's token works on all (at least 16 characters; "
+        "empty: each process makes its own)")
+    token_secret_file: str = Field("", description="a file whose first line is server.token_secret")
     login_ttl_s: float = Field(
         3600.0, gt=0, description="how long the cookie from POST /api/login (the QA dashboard's key) lasts")
     metrics_port: int = Field(

@@ -13,6 +13,10 @@ class Clock(Protocol):
         """Monotonic seconds."""
         ...
 
+    def wall(self) -> float:
+        """Seconds since the epoch: a time another process (another replica) can read."""
+        ...
+
     async def sleep(self, seconds: float) -> None: ...
 
 
@@ -22,8 +26,14 @@ class MonotonicClock:
     def now(self) -> float:
         return time.monotonic()
 
+    def wall(self) -> float:
+        return time.time()
+
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
+
+
+EPOCH = 1_800_000_000.0  # FakeClock's wall time at its now() 0
 
 
 class FakeClock:
@@ -34,6 +44,9 @@ class FakeClock:
 
     def now(self) -> float:
         return self._now
+
+    def wall(self) -> float:
+        return EPOCH + self._now
 
     def advance(self, seconds: float) -> None:
         self._now += seconds

@@ -12,8 +12,6 @@ import hashlib
 import hmac
 import ipaddress
 import logging
-import secrets
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,6 +22,7 @@ from pydantic import BaseModel, Field
 from starlette.types import Scope
 
 from app.security.limits import RateLimiter, address_key
+from app.security.tokens import Tokens, token_secret
 from app.settings import ServerConfig
 from core.clock import Clock
 from core.errors import ConfigError
@@ -36,7 +35,6 @@ CLIENT_SECRET_PREFIX = "ek_"
 CLIENT_SECRET_MAX_TTL_S = 7200  # OpenAI's limit for an ephemeral key
 REALTIME_PATH = "/v1/realtime"
 KEY_PROTOCOL = "openai-insecure-api-key."  # how a browser's WebSocket carries a key (it cannot set headers)
-MAX_TOKENS = 10_000  # outstanding session tokens (and, apart, logins); the oldest go first
 LOGIN_COOKIE = "voice_agent_login"
 CLIENT_KEY = "voice_agent.client"  # the scope key under which the guard leaves whom it counted the request as
 
@@ -80,46 +78,6 @@ class Keys:
 
     def check(self, candidate: str) -> bool:
         return self.identify(candidate) is not None
-
-
-class Tokens:
-    """Random tokens with an expiry and an owner (the client that asked for them), kept in memory,
-    at most `max_count` (the oldest dropped)."""
-
-    def __init__(self, ttl_s: float, clock: Clock, max_count: int = MAX_TOKENS) -> None:
-        self.ttl_s = ttl_s
-        self.clock = clock
-        self.max_count = max_count
-        self._tokens: OrderedDict[str, tuple[float, str]] = OrderedDict()  # in issue order, so in expiry order
-
-    def issue(self, owner: str = "", ttl_s: float | None = None, prefix: str = "") -> str:
-        """A new token for `owner`, valid for `ttl_s` (at most the store's ttl_s, its default)."""
-        now = self.clock.now()
-        while self._tokens and (len(self._tokens) >= self.max_count or next(iter(self._tokens.values()))[0] <= now):
-            self._tokens.popitem(last=False)
-        token = prefix + secrets.token_urlsafe(32)
-        self._tokens[token] = (now + min(ttl_s or self.ttl_s, self.ttl_s), owner)
-        return token
-
-    def owner(self, token: str) -> str | None:
-        """The owner of a live token (it stays usable), or None."""
-        entry = self._tokens.get(token)
-        return entry[1] if entry is not None and self.clock.now() < entry[0] else None
-
-    def valid(self, token: str) -> bool:
-        return self.owner(token) is not None
-
-    def take(self, token: str) -> str | None:
-        """The owner of a live token, once: it is gone after. None for an unknown or expired one."""
-        owner = self.owner(token)
-        self._tokens.pop(token, None)
-        return owner
-
-    def drop(self, token: str) -> None:
-        self._tokens.pop(token, None)
-
-    def __len__(self) -> int:
-        return len(self._tokens)
 
 
 LOOPBACK_NAMES = ("localhost", ".localhost", "127.0.0.1", "::1")
@@ -205,23 +163,19 @@ class Access:
 
     def __init__(self, server: ServerConfig, clock: Clock, public_urls: list[str] | None = None) -> None:
         self.keys = Keys(load_keys(server))
-        self.session_tokens = Tokens(SESSION_TOKEN_TTL_S, clock)
+        secret = token_secret(server)
+        self.session_tokens = Tokens(SESSION_TOKEN_TTL_S, clock, secret, "session token")
         # the Realtime API's ephemeral keys (POST /v1/realtime/client_secrets): one use, one /v1/realtime
-        # socket, with the session settings they were minted with
-        self.client_secrets = Tokens(CLIENT_SECRET_MAX_TTL_S, clock)
-        self.secret_sessions: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self.logins = Tokens(server.login_ttl_s, clock)
+        # socket, carrying the session settings they were minted with
+        self.client_secrets = Tokens(CLIENT_SECRET_MAX_TTL_S, clock, secret, "client secret")
+        self.logins = Tokens(server.login_ttl_s, clock, secret, "login")
         self.allowed_origins = list(server.allowed_origins)
         self.allowed_hosts = AllowedHosts.for_settings(server, public_urls or [])
         # wrong keys, tokens and cookies, per address: guessing is slow on every authenticated route
         self.failures = RateLimiter(server.max_auth_failures_per_minute, clock)
 
     def mint_client_secret(self, owner: str, ttl_s: float, session: dict[str, Any]) -> str:
-        secret = self.client_secrets.issue(owner, ttl_s, CLIENT_SECRET_PREFIX)
-        self.secret_sessions[secret] = session
-        while len(self.secret_sessions) > self.client_secrets.max_count:
-            self.secret_sessions.popitem(last=False)
-        return secret
+        return self.client_secrets.issue(owner, ttl_s, CLIENT_SECRET_PREFIX, data=session)
 
     def bearer_owner(self, authorization: str | None) -> str | None:
         """The client a valid `Authorization: Bearer <key>` stands for, or None."""

@@ -61,6 +61,7 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
 CLOSE_TRY_LATER = 1013
 CLIENT_SLOT = "voice_agent.client_slot"  # scope key: the call's place in its client's count (a Slot)
+MINTED_SESSION = "voice_agent.minted_session"  # scope key: an ephemeral key's session settings
 RATE_LIMITS = "voice_agent.rate_limits"  # scope key: what the socket's client has left of its limits, asked later
 OPEN_PATHS = frozenset({"/", "/healthz", "/livez", "/readyz", "/api/auth", "/api/login", "/api/logout", "/twilio/voice",
                         "/twilio/media", "/telnyx/media"})
@@ -223,9 +224,12 @@ class Guard:
             if owner is None and len(tokens) == 1:
                 owner = self.access.session_tokens.take(tokens[0])
             realtime_key = socket_key(headers) if get_route_path(scope) == REALTIME_PATH else None
-            if owner is None and realtime_key:
-                owner = (self.access.client_secrets.take(realtime_key) if realtime_key.startswith(CLIENT_SECRET_PREFIX)
-                         else self.access.keys.identify(realtime_key))
+            if owner is None and realtime_key and realtime_key.startswith(CLIENT_SECRET_PREFIX):
+                redeemed = self.access.client_secrets.redeem(realtime_key, CLIENT_SECRET_PREFIX)
+                if redeemed is not None:  # the session the key was minted with, for the route
+                    owner, scope[MINTED_SESSION] = redeemed
+            elif owner is None and realtime_key:
+                owner = self.access.keys.identify(realtime_key)
             if owner is None:
                 if headers.get("authorization") or tokens or realtime_key:
                     self.access.failed(address)

@@ -19,7 +19,7 @@ import numpy as np
 from fastapi import APIRouter, WebSocket
 
 from app.runtime import Runtime
-from app.security.guard import rate_limits, socket_key
+from app.security.guard import MINTED_SESSION, rate_limits
 from app.transports.call import Call, Message
 from app.transports.realtime.idle import IdleTimer
 from app.transports.realtime.items import item_message
@@ -525,9 +525,8 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     beta = "realtime=v1" in headers.get("openai-beta", "").replace(" ", "")
     model = websocket.query_params.get("model") or runtime.settings.llm.model
     call = realtime_call(websocket, runtime, beta, model)
-    key = socket_key(headers)
-    minted = websocket.app.state.access.secret_sessions.pop(key, None) if key else None
-    if minted is not None:  # an ephemeral key: the session starts with the settings it was minted with
+    minted = websocket.scope.get(MINTED_SESSION)  # the guard redeemed an ephemeral key
+    if isinstance(minted, dict):  # an ephemeral key: the session starts with the settings it was minted with
         wire = call.wire
         assert isinstance(wire, RealtimeWire)
         wire.settings = wire.settings.updated(minted, beta=False)
