@@ -12,8 +12,10 @@ from typing import Any
 
 import httpx
 import numpy as np
+from redis.asyncio import Redis
 
 from app.metrics import Metrics
+from app.security.shared import RedisUsedTokens, connect
 from app.security.tokens import Tokens, token_secret
 from app.settings import Settings
 from app.store import CallStore
@@ -52,14 +54,18 @@ class Runtime:
     store: CallStore | None = None  # every call and turn, for QA (storage.enabled); see app/store/store.py
     store_error: str | None = None  # why the store is off, when it failed to open
     tracer: TurnTracer | None = None  # each turn as an OTLP trace (otel.endpoint)
+    redis: Redis | None = field(init=False)  # server.redis_url: what replicas share (app/security/shared.py)
     stream_nonces: Tokens = field(init=False)  # Twilio: each TwiML's one-use nonce, handed back in `start`
     telnyx_tokens: StreamTokens = field(init=False)  # Telnyx: one-use stream tokens, and the used ones
     server_tools: list[HttpTool] = field(default_factory=list)  # tools.file: the HTTP tools the server runs
     http: httpx.AsyncClient | None = None  # calls them (made with the first call that has some)
 
     def __post_init__(self) -> None:
+        url = self.settings.server.redis_url
+        self.redis = connect(url) if url else None
         self.stream_nonces = Tokens(self.settings.twilio.stream_nonce_ttl_s, self.clock,
-                                    token_secret(self.settings.server), "stream nonce")
+                                    token_secret(self.settings.server), "stream nonce",
+                                    RedisUsedTokens(self.redis, "stream nonce") if self.redis is not None else None)
         self.telnyx_tokens = StreamTokens(self.settings.telnyx)
 
     def open_session(self, session_id: str, transport: str) -> None:
@@ -207,6 +213,8 @@ class Runtime:
         if self.store is not None:
             await self.store.close()
             self.store = None
+        if self.redis is not None:
+            await self.redis.aclose()
         if self.vllm_metrics is not None:
             await self.vllm_metrics.stop()
         if self.backends is not None:

@@ -55,6 +55,9 @@ class ServerConfig(BaseModel):
     trusted_proxies: list[str] = Field(
         default_factory=list, description="addresses or networks (10.0.0.0/8) of proxies whose X-Forwarded-For "
         "names the client; from anyone else the header is ignored")
+    redis_url: str = Field(
+        "", description="Redis or Valkey (redis://host:6379/0) that replicas share: per-client rate limits and the "
+        "one-use tokens already used (empty: each process keeps its own)")
     token_secret: SecretStr = Field(
         SecretStr(""), description="the secret session tokens, login cookies, ephemeral keys and stream nonces are "
         "signed with; the same on every replica, so one replica's token works on all (at least 16 characters; "

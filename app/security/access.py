@@ -19,9 +19,11 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
+from redis.asyncio import Redis
 from starlette.types import Scope
 
-from app.security.limits import RateLimiter, address_key
+from app.security.limits import address_key
+from app.security.shared import RedisUsedTokens, SharedLimit
 from app.security.tokens import Tokens, token_secret
 from app.settings import ServerConfig
 from core.clock import Clock
@@ -161,18 +163,24 @@ class Access:
     """The access state of one app: its keys, session tokens, logins, allowed hosts and origins, and
     the limit on wrong keys per address."""
 
-    def __init__(self, server: ServerConfig, clock: Clock, public_urls: list[str] | None = None) -> None:
+    def __init__(self, server: ServerConfig, clock: Clock, public_urls: list[str] | None = None,
+                 redis: Redis | None = None) -> None:
         self.keys = Keys(load_keys(server))
+        self.redis = redis  # server.redis_url: the state replicas share (app/security/shared.py)
         secret = token_secret(server)
-        self.session_tokens = Tokens(SESSION_TOKEN_TTL_S, clock, secret, "session token")
+
+        def tokens(ttl_s: float, kind: str) -> Tokens:
+            return Tokens(ttl_s, clock, secret, kind, RedisUsedTokens(redis, kind) if redis is not None else None)
+
+        self.session_tokens = tokens(SESSION_TOKEN_TTL_S, "session token")
         # the Realtime API's ephemeral keys (POST /v1/realtime/client_secrets): one use, one /v1/realtime
         # socket, carrying the session settings they were minted with
-        self.client_secrets = Tokens(CLIENT_SECRET_MAX_TTL_S, clock, secret, "client secret")
-        self.logins = Tokens(server.login_ttl_s, clock, secret, "login")
+        self.client_secrets = tokens(CLIENT_SECRET_MAX_TTL_S, "client secret")
+        self.logins = tokens(server.login_ttl_s, "login")
         self.allowed_origins = list(server.allowed_origins)
         self.allowed_hosts = AllowedHosts.for_settings(server, public_urls or [])
         # wrong keys, tokens and cookies, per address: guessing is slow on every authenticated route
-        self.failures = RateLimiter(server.max_auth_failures_per_minute, clock)
+        self.failures = SharedLimit("auth failures", server.max_auth_failures_per_minute, clock, redis)
 
     def mint_client_secret(self, owner: str, ttl_s: float, session: dict[str, Any]) -> str:
         return self.client_secrets.issue(owner, ttl_s, CLIENT_SECRET_PREFIX, data=session)
@@ -187,19 +195,19 @@ class Access:
     def bearer_ok(self, authorization: str | None) -> bool:
         return self.bearer_owner(authorization) is not None
 
-    def cookie_owner(self, cookie: str | None) -> str | None:
-        return self.logins.owner(cookie) if cookie else None
+    async def cookie_owner(self, cookie: str | None) -> str | None:
+        return await self.logins.owner(cookie) if cookie else None
 
-    def cookie_ok(self, cookie: str | None) -> bool:
-        return self.cookie_owner(cookie) is not None
+    async def cookie_ok(self, cookie: str | None) -> bool:
+        return await self.cookie_owner(cookie) is not None
 
-    def failed(self, address: str) -> None:
+    async def failed(self, address: str) -> None:
         """A wrong key, token or cookie from `address`."""
-        self.failures.take(address)
+        await self.failures.take(address)
 
-    def blocked_for(self, address: str) -> float:
+    async def blocked_for(self, address: str) -> float:
         """Seconds until `address` may try a key again (0: now)."""
-        return self.failures.wait(address)
+        return await self.failures.wait(address)
 
 
 def _access(request: Request) -> Access:
@@ -240,7 +248,7 @@ async def auth_state(request: Request) -> AuthState:
     """Open to all: whether keys are needed, and whether this caller (Bearer or cookie) is in."""
     access = _access(request)
     authorized = (not access.keys.required or access.bearer_ok(request.headers.get("authorization"))
-                  or access.cookie_ok(request.cookies.get(LOGIN_COOKIE)))
+                  or await access.cookie_ok(request.cookies.get(LOGIN_COOKIE)))
     return AuthState(keys_required=access.keys.required, authorized=authorized)
 
 
@@ -251,7 +259,7 @@ async def login(body: Login, request: Request) -> Response:
     access = _access(request)
     owner = access.keys.identify(body.key) if access.keys.required else address_of(request.scope)
     if owner is None:
-        access.failed(address_of(request.scope))
+        await access.failed(address_of(request.scope))
         return JSONResponse({"error": {"code": "unauthorized", "message": "that is not a valid key"}},
                             status_code=401)
     response = JSONResponse({"expires_in": int(access.logins.ttl_s)})
@@ -262,7 +270,7 @@ async def login(body: Login, request: Request) -> Response:
 
 @router.post("/logout", status_code=204, response_model=None)
 async def logout(request: Request) -> Response:
-    _access(request).logins.drop(request.cookies.get(LOGIN_COOKIE, ""))
+    await _access(request).logins.drop(request.cookies.get(LOGIN_COOKIE, ""))
     response = Response(status_code=204)
     response.delete_cookie(LOGIN_COOKIE, path="/")
     return response

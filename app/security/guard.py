@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from app.security.access import (
     origin_allowed,
 )
 from app.security.limits import CallCounter, RateLimiter, Slot
+from app.security.shared import SharedLimit
 from app.settings import Settings
 from core.clock import Clock
 
@@ -97,9 +98,11 @@ class Guard:
         self.app = app
         self.access = access
         self.server = server = settings.server
-        self.api_requests = RateLimiter(server.max_api_requests_per_minute, clock)
-        self.connections = RateLimiter(server.max_connections_per_minute, clock)
-        self.phone_connections = RateLimiter(settings.phone.max_connections_per_minute, clock)
+        redis = access.redis  # server.redis_url: every replica counts each client's requests together
+        self.api_requests = SharedLimit("api requests", server.max_api_requests_per_minute, clock, redis)
+        self.connections = SharedLimit("connections", server.max_connections_per_minute, clock, redis)
+        self.phone_connections = SharedLimit("phone connections", settings.phone.max_connections_per_minute, clock,
+                                             redis)
         self.address_calls = CallCounter(server.max_calls_per_client)
         self.key_calls = CallCounter(server.max_calls_per_key)
 
@@ -123,11 +126,11 @@ class Guard:
         else:  # /ws, /v1/realtime, and any socket added later: guarded unless said otherwise
             await self._websocket(scope, receive, send, headers)
 
-    def _owner(self, path: str, headers: Headers) -> tuple[str | None, bool]:
+    async def _owner(self, path: str, headers: Headers) -> tuple[str | None, bool]:
         """(the client the request's key, or its login cookie, stands for; whether it sent one)."""
         authorization = headers.get("authorization")
         cookie = cookie_parser(headers.get("cookie", "")).get(LOGIN_COOKIE) if _takes_cookie(path) else None
-        owner = self.access.bearer_owner(authorization) or self.access.cookie_owner(cookie)
+        owner = self.access.bearer_owner(authorization) or await self.access.cookie_owner(cookie)
         return owner, bool(authorization or cookie)
 
     # -- HTTP ----------------------------------------------------------------------------------------
@@ -136,14 +139,14 @@ class Guard:
         address = address_of(scope)
         owner: str | None = None
         if (self.access.keys.required and _needs_key(path)) or path == "/api/login":
-            blocked = self.access.blocked_for(address)
+            blocked = await self.access.blocked_for(address)
             if blocked:
                 return await self._too_many_failures(send, blocked)
         if self.access.keys.required and _needs_key(path):
-            owner, presented = self._owner(path, headers)
+            owner, presented = await self._owner(path, headers)
             if owner is None:
                 if presented:
-                    self.access.failed(address)
+                    await self.access.failed(address)
                 if (path == "/qa" or path.startswith("/qa/")) and "text/html" in headers.get("accept", ""):
                     return await _respond(send, 401, LOGIN_PAGE.read_bytes(), "text/html; charset=utf-8")
                 hint = KEY_HINT + (", or log in with POST /api/login {\"key\": ...}" if _takes_cookie(path) else "")
@@ -152,7 +155,7 @@ class Guard:
         client = owner or address
         scope[CLIENT_KEY] = client
         if path.startswith("/v1/") or path == "/api/login":
-            wait = self.api_requests.take(client)
+            wait = await self.api_requests.take(client)
             if wait:
                 retry = RateLimiter.retry_after(wait)
                 message = (f"too many requests from your {'key' if owner else 'address'}: "
@@ -214,7 +217,7 @@ class Guard:
         address = address_of(scope)
         owner: str | None = None
         if self.access.keys.required:
-            blocked = self.access.blocked_for(address)
+            blocked = await self.access.blocked_for(address)
             if blocked:
                 reason = (f"too many wrong keys from your address (server.max_auth_failures_per_minute); retry in "
                           f"{RateLimiter.retry_after(blocked)} s")
@@ -222,20 +225,20 @@ class Guard:
             tokens = QueryParams(scope.get("query_string", b"")).getlist("token")
             owner = self.access.bearer_owner(headers.get("authorization"))
             if owner is None and len(tokens) == 1:
-                owner = self.access.session_tokens.take(tokens[0])
+                owner = await self.access.session_tokens.take(tokens[0])
             realtime_key = socket_key(headers) if get_route_path(scope) == REALTIME_PATH else None
             if owner is None and realtime_key and realtime_key.startswith(CLIENT_SECRET_PREFIX):
-                redeemed = self.access.client_secrets.redeem(realtime_key, CLIENT_SECRET_PREFIX)
+                redeemed = await self.access.client_secrets.redeem(realtime_key, CLIENT_SECRET_PREFIX)
                 if redeemed is not None:  # the session the key was minted with, for the route
                     owner, scope[MINTED_SESSION] = redeemed
             elif owner is None and realtime_key:
                 owner = self.access.keys.identify(realtime_key)
             if owner is None:
                 if headers.get("authorization") or tokens or realtime_key:
-                    self.access.failed(address)
+                    await self.access.failed(address)
                 return await _accept_and_close(receive, send, CLOSE_POLICY, WS_KEY_HINT)
         client = owner or address
-        wait = self.connections.take(client)
+        wait = await self.connections.take(client)
         if wait:
             reason = (f"too many new connections: {self.server.max_connections_per_minute} a minute "
                       f"(server.max_connections_per_minute); retry in {RateLimiter.retry_after(wait)} s")
@@ -248,16 +251,16 @@ class Guard:
                       "(server.max_calls_per_client)")
             return await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
         scope[CLIENT_KEY], scope[CLIENT_SLOT] = client, slot
-        scope[RATE_LIMITS] = lambda: self._standing(client)
+        scope[RATE_LIMITS] = lambda: self._standing(client)  # a coroutine
         try:
             await self._idle_guarded(scope, receive, send)
         finally:
             slot.release()  # if the route has not already: the caller hung up
 
-    def _standing(self, client: str) -> list[dict[str, Any]]:
+    async def _standing(self, client: str) -> list[dict[str, Any]]:
         """The client's limits as the Realtime API's rate_limits: `requests` is the new connections it
         may open a minute (server.max_connections_per_minute), with what it has left now."""
-        remaining, reset = self.connections.standing(client)
+        remaining, reset = await self.connections.standing(client)
         return [{"name": "requests", "limit": self.server.max_connections_per_minute, "remaining": remaining,
                  "reset_seconds": round(reset, 3)}]
 
@@ -265,7 +268,7 @@ class Guard:
         if not self._origin_ok(headers):
             return await _refuse_upgrade(scope, receive, send, "this origin may not open a media socket")
         address = address_of(scope)
-        wait = self.phone_connections.take(address)
+        wait = await self.phone_connections.take(address)
         if wait:
             log.warning("refused a media socket from %s: over phone.max_connections_per_minute", address)
             reason = (f"too many new media sockets: {self.phone_connections.capacity:.0f} a minute "
@@ -291,7 +294,7 @@ def socket_key(headers: Headers) -> str | None:
     return None
 
 
-def rate_limits(scope: Any) -> Callable[[], list[dict[str, Any]]] | None:
+def rate_limits(scope: Any) -> Callable[[], Awaitable[list[dict[str, Any]]]] | None:
     """What the guard left to ask for the socket's client's limits (None: the guard did not see it)."""
     standing = scope.get(RATE_LIMITS) if isinstance(scope, dict) else None
     return standing if callable(standing) else None

@@ -5,8 +5,8 @@ phone lines' stream nonces.
 A token is signed data (itsdangerous, HMAC-SHA256): its owner, its expiry in wall-clock seconds,
 a random nonce, and what it carries (an ephemeral key's session). Nothing is kept to check one, so
 a token minted by one replica opens a call on another. A one-use token is struck off when used, by
-its nonce, until it expires: in this process's memory (one replica; several need the shared store
-of a later change). The secret comes from server.token_secret or server.token_secret_file; without
+its nonce, until it expires: in Redis when server.redis_url is set (every replica), else in this
+process's memory. The secret comes from server.token_secret or server.token_secret_file; without
 one, each process makes its own, and its tokens are good on it alone."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 
 from itsdangerous import BadData, URLSafeSerializer
 
+from app.security.shared import RedisUsedTokens
 from app.settings import ServerConfig
 from core.clock import Clock
 from core.errors import ConfigError
@@ -55,7 +56,7 @@ class UsedTokens:
         self.max_count = max_count
         self._until: OrderedDict[str, float] = OrderedDict()
 
-    def strike(self, nonce: str, until: float) -> bool:
+    async def strike(self, nonce: str, until: float) -> bool:
         """Strike the nonce off; False when it was already (or the store is full of live ones)."""
         if len(self._until) >= self.max_count:
             now = self.clock.wall()
@@ -69,7 +70,7 @@ class UsedTokens:
         self._until[nonce] = until
         return True
 
-    def struck(self, nonce: str) -> bool:
+    async def struck(self, nonce: str) -> bool:
         return nonce in self._until and self._until[nonce] > self.clock.wall()
 
     def __len__(self) -> int:
@@ -81,7 +82,7 @@ class Tokens:
     another), for an owner (the client that asked for them), valid for `ttl_s` at most."""
 
     def __init__(self, ttl_s: float, clock: Clock, secret: bytes, purpose: str,
-                 used: UsedTokens | None = None) -> None:
+                 used: UsedTokens | RedisUsedTokens | None = None) -> None:
         self.ttl_s = ttl_s
         self.clock = clock
         self.used = used if used is not None else UsedTokens(clock)
@@ -94,7 +95,7 @@ class Tokens:
         claims = {"o": owner, "x": expiry, "n": secrets.token_urlsafe(12), **({"d": data} if data is not None else {})}
         return prefix + self._signer.dumps(claims)
 
-    def _claims(self, token: str, prefix: str = "") -> dict[str, Any] | None:
+    async def _claims(self, token: str, prefix: str = "") -> dict[str, Any] | None:
         if not token or not token.startswith(prefix):
             return None
         try:
@@ -103,32 +104,32 @@ class Tokens:
             return None
         if not isinstance(claims, dict) or not isinstance(claims.get("x"), int | float):
             return None
-        if claims["x"] <= self.clock.wall() or self.used.struck(str(claims.get("n"))):
+        if claims["x"] <= self.clock.wall() or await self.used.struck(str(claims.get("n"))):
             return None
         return claims
 
-    def owner(self, token: str, prefix: str = "") -> str | None:
+    async def owner(self, token: str, prefix: str = "") -> str | None:
         """The owner of a live token (it stays usable), or None."""
-        claims = self._claims(token, prefix)
+        claims = await self._claims(token, prefix)
         return str(claims.get("o", "")) if claims is not None else None
 
-    def valid(self, token: str) -> bool:
-        return self.owner(token) is not None
+    async def valid(self, token: str) -> bool:
+        return await self.owner(token) is not None
 
-    def take(self, token: str, prefix: str = "") -> str | None:
+    async def take(self, token: str, prefix: str = "") -> str | None:
         """A live token's owner, once: it is struck off after. None for an unknown, expired or used one."""
-        redeemed = self.redeem(token, prefix)
+        redeemed = await self.redeem(token, prefix)
         return redeemed[0] if redeemed is not None else None
 
-    def redeem(self, token: str, prefix: str = "") -> tuple[str, Any] | None:
+    async def redeem(self, token: str, prefix: str = "") -> tuple[str, Any] | None:
         """A live token's owner and the data it carries, once (as `take`)."""
-        claims = self._claims(token, prefix)
-        if claims is None or not self.used.strike(str(claims["n"]), float(claims["x"])):
+        claims = await self._claims(token, prefix)
+        if claims is None or not await self.used.strike(str(claims["n"]), float(claims["x"])):
             return None
         return str(claims.get("o", "")), claims.get("d")
 
-    def drop(self, token: str) -> None:
+    async def drop(self, token: str) -> None:
         """The token is good no more (a logout)."""
-        claims = self._claims(token)
+        claims = await self._claims(token)
         if claims is not None:
-            self.used.strike(str(claims["n"]), float(claims["x"]))
+            await self.used.strike(str(claims["n"]), float(claims["x"]))

@@ -200,7 +200,7 @@ class PhoneWire:
             return
         self.outbound.stream_id = start.stream_id
         self.outbound.label = f"{self.dialect.name} {start.call_id}"
-        if not self._nonce_ok(start):
+        if not await self._nonce_ok(start):
             await call.tell("bad_nonce", "the stream did not come from this server's TwiML (its nonce is missing, "
                             "used or expired)")
             call.end_reason = "refused"
@@ -218,12 +218,12 @@ class PhoneWire:
                  if k != NONCE_PARAMETER}
         log.info("%s: call started (stream %s, %s)", self.label, start.stream_id, shown)
 
-    def _nonce_ok(self, start: CallStart) -> bool:
+    async def _nonce_ok(self, start: CallStart) -> bool:
         runtime = self.call.runtime
         if self.dialect.name != "twilio" or not runtime.settings.twilio.check_signatures:
             return True
         nonce = start.parameters.get(NONCE_PARAMETER, "")
-        owner = runtime.stream_nonces.take(nonce) if nonce else None
+        owner = await runtime.stream_nonces.take(nonce) if nonce else None
         return owner is not None and (not owner or owner == start.call_id)
 
     async def handle_media(self, media: Media) -> None:

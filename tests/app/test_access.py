@@ -128,52 +128,54 @@ async def test_a_key_is_never_logged(keyed: httpx.AsyncClient, caplog: pytest.Lo
     assert KEY not in repr(ServerConfig(api_keys=[KEY]))
 
 
-def test_a_session_token_is_used_once_and_expires() -> None:
+async def test_a_session_token_is_used_once_and_expires() -> None:
     clock = FakeClock()
     access = Access(ServerConfig(api_keys=[KEY]), clock)
     tokens = access.session_tokens
     token = tokens.issue("key:abc")
-    assert tokens.take(token) == "key:abc"  # the client it was issued to
-    assert tokens.take(token) is None  # once only
+    assert await tokens.take(token) == "key:abc"  # the client it was issued to
+    assert await tokens.take(token) is None  # once only
     late = tokens.issue()
     clock.advance(60.5)
-    assert tokens.take(late) is None  # expired after 60 s
-    assert tokens.take("never-issued") is None
+    assert await tokens.take(late) is None  # expired after 60 s
+    assert await tokens.take("never-issued") is None
 
 
-def test_the_used_tokens_are_bounded_and_never_let_a_token_be_used_twice() -> None:
+async def test_the_used_tokens_are_bounded_and_never_let_a_token_be_used_twice() -> None:
     clock = FakeClock()
     used = UsedTokens(clock, max_count=3)
     tokens = Tokens(60, clock, b"a-secret-of-sixteen+", "session token", used)
     issued = [tokens.issue() for _ in range(4)]
-    assert [tokens.take(t) for t in issued[:3]] == ["", "", ""] and len(used) == 3
-    assert tokens.take(issued[3]) is None  # three live ones are struck off: no room, so no use (never a reuse)
-    assert all(tokens.take(t) is None for t in issued[:3])
+    assert [await tokens.take(t) for t in issued[:3]] == ["", "", ""] and len(used) == 3
+    assert await tokens.take(issued[3]) is None  # three live ones are struck off: no room, so no use (never a reuse)
+    assert all([await tokens.take(t) is None for t in issued[:3]])
     clock.advance(61)
     fresh = tokens.issue("key:abc")
-    assert tokens.take(fresh) == "key:abc" and len(used) == 1  # expired ones are dropped as room is needed
+    assert await tokens.take(fresh) == "key:abc" and len(used) == 1  # expired ones are dropped as room is needed
 
 
-def test_a_token_from_one_replica_opens_a_call_on_another_that_shares_the_secret() -> None:
+async def test_a_token_from_one_replica_opens_a_call_on_another_that_shares_the_secret() -> None:
     clock = FakeClock()
     shared = ServerConfig(api_keys=[KEY], token_secret="one-secret-for-every-replica")
     first, second = Access(shared, clock), Access(shared, clock)
     other = Access(ServerConfig(api_keys=[KEY], token_secret="another-deployments-secret"), clock)
     token = first.session_tokens.issue("key:abc")
-    assert other.session_tokens.take(token) is None  # another secret
-    assert second.logins.owner(token) is None  # a session token is no login cookie
-    assert second.session_tokens.take(token[:-2] + ("AA" if not token.endswith("AA") else "BB")) is None  # tampered
-    assert second.session_tokens.take(token) == "key:abc"
-    assert first.session_tokens.take(token) == "key:abc"  # one use per replica until the store is shared
+    assert await other.session_tokens.take(token) is None  # another secret
+    assert await second.logins.owner(token) is None  # a session token is no login cookie
+    tampered = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
+    assert await second.session_tokens.take(tampered) is None
+    assert await second.session_tokens.take(token) == "key:abc"
+    assert await first.session_tokens.take(token) == "key:abc"  # one use per process without server.redis_url
     cookie = first.logins.issue("key:abc")
-    assert second.cookie_owner(cookie) == "key:abc"
-    second.logins.drop(cookie)  # logged out there
-    assert second.cookie_owner(cookie) is None
+    assert await second.cookie_owner(cookie) == "key:abc"
+    await second.logins.drop(cookie)  # logged out there
+    assert await second.cookie_owner(cookie) is None
     secret = first.mint_client_secret("key:abc", 30, {"type": "realtime", "instructions": "Be brief."})
-    assert second.client_secrets.redeem(secret, "ek_") == ("key:abc", {"type": "realtime", "instructions": "Be brief."})
+    minted = {"type": "realtime", "instructions": "Be brief."}
+    assert await second.client_secrets.redeem(secret, "ek_") == ("key:abc", minted)
 
 
-def test_a_token_secret_that_is_short_or_an_empty_file_is_refused(tmp_path: Path) -> None:
+async def test_a_token_secret_that_is_short_or_an_empty_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="at least 16"):
         Access(ServerConfig(token_secret="short"), FakeClock())
     empty = tmp_path / "secret"
@@ -182,8 +184,8 @@ def test_a_token_secret_that_is_short_or_an_empty_file_is_refused(tmp_path: Path
         Access(ServerConfig(token_secret_file=str(empty)), FakeClock())
     empty.write_text("a-secret-from-a-file-of-sixteen\n")
     token = Access(ServerConfig(token_secret_file=str(empty)), FakeClock()).session_tokens.issue("x")
-    assert Access(ServerConfig(token_secret="a-secret-from-a-file-of-sixteen"), FakeClock()).session_tokens.take(
-        token) == "x"
+    reader = Access(ServerConfig(token_secret="a-secret-from-a-file-of-sixteen"), FakeClock())
+    assert await reader.session_tokens.take(token) == "x"
 
 
 async def test_the_session_token_route_needs_a_key(keyed: httpx.AsyncClient) -> None:

@@ -613,7 +613,11 @@ async def test_an_idle_caller_is_answered_after_idle_timeout_ms() -> None:
 async def test_each_response_starts_with_the_clients_rate_limits() -> None:
     call, socket, _ = make_call()
     limits = [{"name": "requests", "limit": 30, "remaining": 29, "reset_seconds": 2.0}]
-    socket.scope = {"voice_agent.rate_limits": lambda: limits}  # what the guard leaves (tests/app/test_guard.py)
+
+    async def standing() -> list[dict[str, Any]]:
+        return limits
+
+    socket.scope = {"voice_agent.rate_limits": standing}  # what the guard leaves (tests/app/test_limits.py)
     task = asyncio.create_task(call.serve())
     socket.send(type="conversation.item.create", item=typed("Capital of Italy?"))
     socket.send(type="response.create")

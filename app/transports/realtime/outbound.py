@@ -9,7 +9,7 @@ import asyncio
 import base64
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +88,7 @@ class RealtimeOutbound:
         self.next_in_conversation = True  # response.create's conversation ("none": False), for the next response
         self.idle: IdleTimer | None = None  # idle_timeout_ms: armed by each reply done, disarmed by speech
         self.lead_s = 0.0  # how far reply audio runs ahead of playback (session.output_lead_ms)
-        self.rate_limits: Callable[[], list[dict[str, Any]]] | None = None  # the client's, from the guard
+        self.rate_limits: Callable[[], Awaitable[list[dict[str, Any]]]] | None = None  # the client's, from the guard
         # one Session event at a time: a function call (asked from its own task) and the end of the
         # reply that made it must not interleave their events
         self.lock = asyncio.Lock()
@@ -204,7 +204,7 @@ class RealtimeOutbound:
         if self.idle is not None:
             self.idle.disarm()
         if self.rate_limits is not None:  # as OpenAI's server, at the start of each response
-            await self.send("rate_limits.updated", rate_limits=self.rate_limits())
+            await self.send("rate_limits.updated", rate_limits=await self.rate_limits())
         return response
 
     async def _message(self, turn_id: int) -> Response:

@@ -1,0 +1,124 @@
+"""State that several replicas share through Redis (or Valkey) when server.redis_url is set, and
+keep in memory otherwise (docs/deployment.md): the per-client rate limits, and the one-use tokens
+already used.
+
+Redis's own clock times the rate buckets (one clock for every replica). When Redis cannot be
+reached, a rate limit lets the request through (it is logged: the limit is off, not the service),
+and a one-use token is refused (it cannot be known unused): a caller is told to try again."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from app.security.limits import RateLimiter
+from core.clock import Clock
+
+log = logging.getLogger(__name__)
+KEY_PREFIX = "voice-agent:"
+TIMEOUT_S = 0.5  # a Redis that answers slower than this counts as down for the request
+
+# A token bucket, atomically: capacity, tokens a second, whether to spend one. Returns the tokens
+# left and the seconds to wait for one (0: there was one). Times come from Redis's clock.
+BUCKET = """
+local capacity, rate, spend = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3] == '1'
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local kept = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(kept[1]) or capacity
+local at = tonumber(kept[2]) or now
+tokens = math.min(capacity, tokens + math.max(0, now - at) * rate)
+local wait = 0
+if tokens >= 1 then
+  if spend then tokens = tokens - 1 end
+else
+  wait = (1 - tokens) / rate
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('EXPIRE', KEYS[1], math.ceil((capacity - tokens) / rate) + 1)
+return {tostring(tokens), tostring(wait)}
+"""
+
+
+def connect(url: str) -> Redis:
+    """A client for server.redis_url (redis://, rediss://, unix://); it connects on first use."""
+    return Redis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, decode_responses=True)
+
+
+class SharedLimit:
+    """A per-client rate limit (`per_minute` at once, refilled evenly): this process's own buckets,
+    or, with `redis`, one bucket per client for every replica."""
+
+    def __init__(self, name: str, per_minute: int, clock: Clock, redis: Redis | None = None) -> None:
+        self.name = name
+        self.capacity = float(per_minute)
+        self.rate = per_minute / 60.0
+        self.memory = RateLimiter(per_minute, clock)
+        self.redis = redis
+        self._script: Any = redis.register_script(BUCKET) if redis is not None else None
+        self._warned = False
+
+    async def _bucket(self, client: str, spend: bool) -> tuple[float, float] | None:
+        try:
+            tokens, wait = await self._script(keys=[f"{KEY_PREFIX}rate:{self.name}:{client}"],
+                                              args=[self.capacity, self.rate, "1" if spend else "0"])
+        except (RedisError, OSError) as exc:
+            if not self._warned:
+                log.warning("Redis cannot be reached for the %s limit (%s): requests are let through unlimited until "
+                            "it answers again; check server.redis_url", self.name, exc)
+            self._warned = True
+            return None
+        self._warned = False
+        return float(tokens), float(wait)
+
+    async def take(self, client: str) -> float:
+        """0 when the client may go on (and one request is counted), else the seconds to wait."""
+        if self.redis is None:
+            return self.memory.take(client)
+        bucket = await self._bucket(client, spend=True)
+        return bucket[1] if bucket is not None else 0.0
+
+    async def wait(self, client: str) -> float:
+        """The seconds until the client may go on (0: now), counting nothing."""
+        if self.redis is None:
+            return self.memory.wait(client)
+        bucket = await self._bucket(client, spend=False)
+        return bucket[1] if bucket is not None else 0.0
+
+    async def standing(self, client: str) -> tuple[int, float]:
+        """Whole requests the client has left now, and the seconds until its bucket is full."""
+        if self.redis is None:
+            return self.memory.standing(client)
+        bucket = await self._bucket(client, spend=False)
+        tokens = bucket[0] if bucket is not None else self.capacity
+        return int(tokens), (self.capacity - tokens) / self.rate if self.rate else 0.0
+
+
+class RedisUsedTokens:
+    """One-use tokens struck off in Redis by their nonce until they expire: a token used on one
+    replica is used on all."""
+
+    def __init__(self, redis: Redis, kind: str) -> None:
+        self.redis = redis
+        self.kind = kind
+
+    async def strike(self, nonce: str, until: float) -> bool:
+        try:
+            return bool(await self.redis.set(f"{KEY_PREFIX}used:{self.kind}:{nonce}", "1", nx=True,
+                                             exat=max(1, math.ceil(until))))
+        except (RedisError, OSError) as exc:
+            log.error("Redis cannot be reached to check a one-use %s (%s): it is refused; check server.redis_url",
+                      self.kind, exc)
+            return False
+
+    async def struck(self, nonce: str) -> bool:
+        try:
+            return bool(await self.redis.exists(f"{KEY_PREFIX}used:{self.kind}:{nonce}"))
+        except (RedisError, OSError) as exc:
+            log.error("Redis cannot be reached to check a %s (%s): it is refused; check server.redis_url",
+                      self.kind, exc)
+            return True
