@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.store import queries
@@ -43,6 +44,8 @@ from app.store.writer import CallEnded, CallStarted, Op, RecordingSaved, TurnEnd
 from core.clock import Clock, MonotonicClock
 
 log = logging.getLogger(__name__)
+# the purge's PostgreSQL advisory lock: one replica purges at a time (any constant of the project's own)
+PURGE_LOCK = 0x766F6963  # "voic"
 
 
 class CallStore:
@@ -182,11 +185,34 @@ class CallStore:
         if self.config.retention_days <= 0:
             return 0
         cutoff = (now or self._wall()) - dt.timedelta(days=self.config.retention_days)
-        deleted, files = await queries.delete_calls_before(self._open_sessions(), cutoff)
+        async with self._purge_lock() as held:
+            if not held:
+                log.info("call store: another replica is purging old calls; this one waits for its next round")
+                return 0
+            deleted, files = await queries.delete_calls_before(self._open_sessions(), cutoff)
         removed = await asyncio.to_thread(self._remove_files, files, cutoff)
         if deleted or removed:
             log.info("call store: purged %d calls and %d recordings older than %s", deleted, removed, cutoff)
         return deleted
+
+    @contextlib.asynccontextmanager
+    async def _purge_lock(self) -> AsyncIterator[bool]:
+        """On PostgreSQL, a session advisory lock that one replica at a time holds while it purges
+        (held by a connection of its own, so it goes with the connection if the replica dies);
+        whether it was had. SQLite is one replica's own file: always had."""
+        assert self._engine is not None, "the store is not open"
+        if self._engine.dialect.name != "postgresql":
+            yield True
+            return
+        async with self._engine.connect() as connection:
+            held = bool((await connection.execute(text("SELECT pg_try_advisory_lock(:key)"),
+                                                  {"key": PURGE_LOCK})).scalar())
+            try:
+                yield held
+            finally:
+                if held:
+                    await connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": PURGE_LOCK})
+                await connection.commit()
 
     def _remove_files(self, relative: list[str], cutoff: dt.datetime) -> int:
         removed = 0

@@ -1,11 +1,11 @@
-"""The migrations run from empty on SQLite (and on PostgreSQL when VOICE_AGENT_TEST_POSTGRES_URL names
-a server), leave the schema the tables describe, and run again as a no-op."""
+"""The migrations run from empty on SQLite and on a real PostgreSQL (tests/postgres_server.py), leave
+the schema the tables describe, and run again as a no-op."""
 
 from __future__ import annotations
 
-import os
+import datetime as dt
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,10 +16,10 @@ from sqlalchemy.engine import Connection
 
 from app.store import CallFilter, StorageConfig
 from app.store.db import current_revision, head_revision, make_engine, upgrade
+from app.store.store import PURGE_LOCK
 from app.store.tables import Base
+from tests.postgres_server import postgres_server
 from tests.store.helpers import call, open_store, turn
-
-POSTGRES_URL = os.environ.get("VOICE_AGENT_TEST_POSTGRES_URL", "")
 
 
 def _schema_differences(connection: Connection) -> list[object]:
@@ -74,18 +74,22 @@ async def test_a_store_opens_again_on_its_own_database(tmp_path: Path) -> None:
         await store.close()
 
 
+@pytest.fixture(scope="module")
+def postgres_server_url() -> Iterator[str]:
+    with postgres_server() as url:
+        yield url
+
+
 @pytest.fixture
-async def postgres_url() -> AsyncIterator[str]:
-    """A throwaway database on the server VOICE_AGENT_TEST_POSTGRES_URL names, dropped afterwards."""
-    if not POSTGRES_URL:
-        pytest.skip("VOICE_AGENT_TEST_POSTGRES_URL is not set (a PostgreSQL server to use)")
+async def postgres_url(postgres_server_url: str) -> AsyncIterator[str]:
+    """A throwaway database on the test's PostgreSQL server, dropped afterwards."""
     name = f"voice_agent_test_{uuid.uuid4().hex[:8]}"
-    engine = make_engine(StorageConfig(url=POSTGRES_URL).database_url())
+    engine = make_engine(StorageConfig(url=postgres_server_url).database_url())
     admin = engine.execution_options(isolation_level="AUTOCOMMIT")
     async with admin.connect() as connection:
         await connection.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+        yield make_url(postgres_server_url).set(database=name).render_as_string(hide_password=False)
     finally:
         async with admin.connect() as connection:
             await connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -113,3 +117,27 @@ async def test_calls_and_turns_round_trip_on_postgresql(postgres_url: str, tmp_p
         assert [c.id for c in page.calls] == ["pg-call"]
     finally:
         await store.close()
+
+
+async def test_one_replica_at_a_time_purges_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
+    """Two stores on one PostgreSQL database (two replicas): while one holds the purge's advisory
+    lock, the other's purge waits for its next round; then it purges."""
+    recent = dt.datetime.now(dt.UTC) - dt.timedelta(hours=12)  # not past retention by the real clock
+    later = recent + dt.timedelta(days=2)  # past it at the purge's `now`
+    first = await open_store(tmp_path / "first", url=postgres_url, retention_days=1)
+    second = await open_store(tmp_path / "second", url=postgres_url, retention_days=1)
+    engine = make_engine(StorageConfig(url=postgres_url).database_url())
+    try:
+        first.call_started(call("old", started=recent))
+        await first.flush()
+        async with engine.connect() as other_replica:  # purging now, as far as the others can tell
+            assert (await other_replica.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": PURGE_LOCK})).scalar()
+            assert await second.purge(now=later) == 0
+            assert await second.get_call("old") is not None
+            await other_replica.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": PURGE_LOCK})
+        assert await second.purge(now=later) == 1
+        assert await first.get_call("old") is None
+    finally:
+        await engine.dispose()
+        await first.close()
+        await second.close()
