@@ -119,7 +119,7 @@ async def get_call(request: Request, call_id: str) -> JSONResponse:
 
 
 @router.get("/calls/{call_id}/recording", response_model=None)
-async def get_recording(request: Request, call_id: str) -> FileResponse | JSONResponse:
+async def get_recording(request: Request, call_id: str) -> FileResponse | JSONResponse | StreamingResponse:
     try:
         store = _store(request)
         found = await store.get_call(call_id)
@@ -127,6 +127,11 @@ async def get_recording(request: Request, call_id: str) -> FileResponse | JSONRe
         return exc.response()
     if found is None:
         return ApiError(404, "call_not_found", f"no call with id {call_id!r}").response()
+    fetched = await store.recording_object(found[0], request.headers.get("range"))
+    if fetched is not None:  # from object storage, whichever replica recorded it; a player's Range passed on
+        name = found[0].recording.rsplit("/", 1)[-1] if found[0].recording else "recording.wav"
+        headers = {**fetched.headers, "Content-Disposition": f'inline; filename="{name}"'}
+        return StreamingResponse(fetched.chunks(), status_code=fetched.status, headers=headers, media_type="audio/wav")
     path = store.recording_file(found[0])
     if path is None:
         return ApiError(404, "recording_not_found", f"call {call_id!r} has no recording").response()

@@ -30,6 +30,12 @@ class StorageConfig(BaseModel):
                                   "0 keeps them forever")
     recordings: bool = Field(False, description="keep a stereo WAV of each call: the caller left, the bot right")
     max_recording_s: float = Field(3600.0, gt=0, description="a recording stops after this much of the call")
+    recordings_url: str = Field(
+        "", description="s3://bucket/prefix: recordings go to S3-compatible object storage once their call ends, "
+        "and every replica serves them (credentials from AWS_ACCESS_KEY_ID... or boto3's other sources); empty: "
+        "data_dir/recordings on this replica's disk")
+    s3_endpoint_url: str = Field("", description="the S3 endpoint (http://seaweedfs:8333, MinIO...); empty: AWS's")
+    s3_region: str = Field("us-east-1", description="the S3 region")
     max_pending: int = Field(
         10000, ge=1, description="records waiting to be written; beyond it new ones are dropped (logged, counted in "
         "voice_agent_store_dropped_total) rather than ever making a call wait")

@@ -36,6 +36,7 @@ from app.store import queries
 from app.store.config import StorageConfig, redact_url
 from app.store.db import make_engine, upgrade
 from app.store.export import ExportFormat, export_lines
+from app.store.objects import Fetched, RecordingBucket, is_object
 from app.store.overview import buckets
 from app.store.queries import CallFilter, CallPage
 from app.store.recording import CallRecorder
@@ -62,11 +63,16 @@ class CallStore:
         self._writer: Writer | None = None
         self._purger: asyncio.Task[None] | None = None
         self._saving: set[asyncio.Task[None]] = set()  # recordings being written after their calls ended
+        self.bucket: RecordingBucket | None = None  # storage.recordings_url: recordings in object storage
 
     async def open(self) -> None:
         """Create the data folder, bring the schema to the newest migration, start the writer (and the
         retention task when retention_days > 0)."""
         await asyncio.to_thread(self.recordings_dir.mkdir, parents=True, exist_ok=True)
+        if self.config.recordings_url:
+            bucket = RecordingBucket(self.config.recordings_url, self.config.s3_endpoint_url, self.config.s3_region)
+            await bucket.check()
+            self.bucket = bucket
         url = self.config.database_url()
         self._engine = make_engine(url)
         await upgrade(self._engine)
@@ -77,7 +83,7 @@ class CallStore:
             self._purger = asyncio.create_task(self._purge_periodically(), name="call-store-purge")
         log.info("call store: %s (retention %s, recordings %s)", redact_url(url),
                  f"{self.config.retention_days:g} days" if self.config.retention_days else "forever",
-                 "on" if self.config.recordings else "off")
+                 ("to " + self.bucket.where() if self.bucket else "on") if self.config.recordings else "off")
 
     # Writing: never waits.
 
@@ -117,8 +123,19 @@ class CallStore:
 
     async def _save_recording(self, call_id: str, recorder: CallRecorder) -> None:
         path = await recorder.close()
-        if path is not None and self._writer is not None:
-            self._put(RecordingSaved(call_id, path.relative_to(self.data_dir).as_posix()))
+        if path is None or self._writer is None:
+            return
+        if self.bucket is not None:
+            try:
+                url = await self.bucket.put(path)
+            except Exception as exc:  # the recording is kept on this replica's disk, and served from here
+                log.warning("call store: call %s's recording could not go to %s (%s); it stays in %s",
+                            call_id, self.bucket.where(), exc, path)
+            else:
+                await asyncio.to_thread(path.unlink, True)
+                self._put(RecordingSaved(call_id, url))
+                return
+        self._put(RecordingSaved(call_id, path.relative_to(self.data_dir).as_posix()))
 
     @property
     def dropped(self) -> int:
@@ -169,13 +186,23 @@ class CallStore:
         return buckets(turns, since, until, bucket_s)
 
     def recording_file(self, call: CallRecord) -> Path | None:
-        """The call's WAV, if it has one and it is still there."""
-        if call.recording is None:
+        """The call's WAV on this replica's disk, if it has one there and it is still there."""
+        if call.recording is None or is_object(call.recording):
             return None
         path = (self.data_dir / call.recording).resolve()
         if not path.is_relative_to(self.recordings_dir.resolve()) or not path.is_file():
             return None
         return path
+
+    async def recording_object(self, call: CallRecord, byte_range: str | None) -> Fetched | None:
+        """The call's WAV in object storage (or the byte range asked for), if it has one there."""
+        if call.recording is None or not is_object(call.recording):
+            return None
+        if self.bucket is None:
+            log.warning("call store: call %s's recording is in object storage, and storage.recordings_url is not "
+                        "set on this replica", call.id)
+            return None
+        return await self.bucket.get(call.recording, byte_range)
 
     # Retention.
 
@@ -190,7 +217,13 @@ class CallStore:
                 log.info("call store: another replica is purging old calls; this one waits for its next round")
                 return 0
             deleted, files = await queries.delete_calls_before(self._open_sessions(), cutoff)
-        removed = await asyncio.to_thread(self._remove_files, files, cutoff)
+        objects = [f for f in files if is_object(f)]
+        removed = await asyncio.to_thread(self._remove_files, [f for f in files if not is_object(f)], cutoff)
+        if objects and self.bucket is not None:
+            removed += await self.bucket.delete(objects)
+        elif objects:
+            log.warning("call store: %d purged calls had recordings in object storage, and storage.recordings_url "
+                        "is not set here: they are left there", len(objects))
         if deleted or removed:
             log.info("call store: purged %d calls and %d recordings older than %s", deleted, removed, cutoff)
         return deleted
