@@ -1,6 +1,7 @@
 """docker-compose.yml: valid against the Compose Specification's JSON schema, and right in what
 matters (GPU reservations, health checks, speculative decoding, profiles, named volumes, images),
-with the vLLM launcher (docker/vllm/serve.py) checked by building its command line."""
+with the vLLM launcher (deploy/kubernetes/base/vllm-serve.py) checked by building its command
+line."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from tests.deploy.promql import ROOT
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 SCHEMA_FILE = Path(__file__).resolve().parents[2].parent / "shared" / "compose-spec.schema.json"
-LAUNCHER = ROOT / "docker" / "vllm" / "serve.py"
+LAUNCHER = ROOT / "deploy" / "kubernetes" / "base" / "vllm-serve.py"
 _VARIABLE = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 
 
@@ -245,7 +246,7 @@ def test_model_weights_and_data_live_in_named_volumes(compose: dict[str, Any]) -
             source = entry.split(":")[0]
             if source.startswith((".", "/")):
                 # only configuration from the repository is bind-mounted, read-only
-                assert source.startswith("./docker/"), f"{name}: bind mount {source}"
+                assert source.startswith(("./docker/", "./deploy/")), f"{name}: bind mount {source}"
                 assert (ROOT / source).exists(), f"{name}: {source} does not exist"
                 assert entry.endswith(":ro"), f"{name}: {entry} is not read-only"
             else:

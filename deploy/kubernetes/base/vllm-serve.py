@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Start vLLM's OpenAI-compatible server from environment variables (docker-compose.yml runs this
-inside the official vllm/vllm-openai image).
+"""Start vLLM's OpenAI-compatible server from environment variables (docker-compose.yml and the
+Kubernetes vLLM Deployment in deploy/kubernetes/base run this inside the official vllm/vllm-openai
+image).
 
     VLLM_MODEL                    target model (Hugging Face id or path)   Qwen/Qwen2.5-7B-Instruct
     VLLM_SERVED_MODEL_NAME        the name clients ask for                 qwen2.5-7b-instruct
