@@ -51,8 +51,8 @@ from app.security.access import (
     address_of,
     origin_allowed,
 )
-from app.security.limits import CallCounter, RateLimiter, Slot
-from app.security.shared import SharedLimit
+from app.security.limits import RateLimiter, Slot
+from app.security.shared import SharedCallCounter, SharedLimit
 from app.settings import Settings
 from core.clock import Clock
 
@@ -103,8 +103,8 @@ class Guard:
         self.connections = SharedLimit("connections", server.max_connections_per_minute, clock, redis)
         self.phone_connections = SharedLimit("phone connections", settings.phone.max_connections_per_minute, clock,
                                              redis)
-        self.address_calls = CallCounter(server.max_calls_per_client)
-        self.key_calls = CallCounter(server.max_calls_per_key)
+        self.address_calls = SharedCallCounter("address calls", server.max_calls_per_client, redis)
+        self.key_calls = SharedCallCounter("key calls", server.max_calls_per_key, redis)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -243,7 +243,7 @@ class Guard:
             reason = (f"too many new connections: {self.server.max_connections_per_minute} a minute "
                       f"(server.max_connections_per_minute); retry in {RateLimiter.retry_after(wait)} s")
             return await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
-        slot = (self.key_calls if owner else self.address_calls).enter(client)
+        slot = await (self.key_calls if owner else self.address_calls).enter(client)
         if slot is None:
             reason = (f"too many calls in progress with your key: {self.server.max_calls_per_key} "
                       "(server.max_calls_per_key)" if owner else

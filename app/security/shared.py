@@ -1,6 +1,6 @@
 """State that several replicas share through Redis (or Valkey) when server.redis_url is set, and
-keep in memory otherwise (docs/deployment.md): the per-client rate limits, and the one-use tokens
-already used.
+keep in memory otherwise (docs/deployment.md): the per-client rate limits, the per-client counts of
+calls in progress, and the one-use tokens already used.
 
 Redis's own clock times the rate buckets (one clock for every replica). When Redis cannot be
 reached, a rate limit lets the request through (it is logged: the limit is off, not the service),
@@ -8,14 +8,16 @@ and a one-use token is refused (it cannot be known unused): a caller is told to 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import secrets
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from app.security.limits import RateLimiter
+from app.security.limits import CallCounter, RateLimiter, Slot
 from core.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,88 @@ class SharedLimit:
         bucket = await self._bucket(client, spend=False)
         tokens = bucket[0] if bucket is not None else self.capacity
         return int(tokens), (self.capacity - tokens) / self.rate if self.rate else 0.0
+
+
+# A client's calls in progress, every replica's: a sorted set of call leases scored by when they
+# lapse. Lapsed leases (a replica that died) are dropped, then a new one is added if there is room.
+ENTER = """
+local now_t = redis.call('TIME')
+local now = tonumber(now_t[1]) + tonumber(now_t[2]) / 1000000
+local limit, lease = tonumber(ARGV[1]), tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if limit > 0 and redis.call('ZCARD', KEYS[1]) >= limit then return 0 end
+redis.call('ZADD', KEYS[1], now + lease, ARGV[3])
+redis.call('EXPIRE', KEYS[1], math.ceil(lease) + 1)
+return 1
+"""
+RENEW = """
+local now_t = redis.call('TIME')
+local until_ = tonumber(now_t[1]) + tonumber(now_t[2]) / 1000000 + tonumber(ARGV[1])
+for i = 2, #ARGV do redis.call('ZADD', KEYS[i - 1], 'XX', until_, ARGV[i]) end
+return 1
+"""
+LEASE_S = 60.0  # a call's place lapses this long after its replica last renewed it (a replica that died)
+
+
+class SharedCallCounter:
+    """Calls in progress per client (a limit of 0 counts without limiting): this process's own
+    count, or, with `redis`, every replica's. Each call holds a lease that its replica renews every
+    third of `lease_s`, so the places of a replica that died (SIGKILL) come free when they lapse."""
+
+    def __init__(self, name: str, limit: int, redis: Redis | None = None, lease_s: float = LEASE_S) -> None:
+        self.name = name
+        self.limit = limit
+        self.memory = CallCounter(limit)
+        self.redis = redis
+        self.lease_s = lease_s
+        self._enter: Any = redis.register_script(ENTER) if redis is not None else None
+        self._renew: Any = redis.register_script(RENEW) if redis is not None else None
+        self.held: dict[str, str] = {}  # lease -> its client's key
+        self._renewer: asyncio.Task[None] | None = None
+        self._leaving: set[asyncio.Task[None]] = set()
+
+    async def enter(self, client: str) -> Slot | None:
+        """A place for a new call of `client`, or None when it has `limit` calls already."""
+        if self.redis is None or not self.limit:  # no limit: nothing to share
+            return self.memory.enter(client)
+        key, lease = f"{KEY_PREFIX}calls:{self.name}:{client}", secrets.token_hex(12)
+        try:
+            entered = await self._enter(keys=[key], args=[self.limit, self.lease_s, lease])
+        except (RedisError, OSError) as exc:
+            log.warning("Redis cannot be reached for the %s count (%s): this replica counts the call alone",
+                        self.name, exc)
+            return self.memory.enter(client)
+        if not entered:
+            return None
+        self.held[lease] = key
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.create_task(self._renew_leases(), name=f"renew-{self.name}")
+        return Slot(lambda: self._leave(key, lease))
+
+    def _leave(self, key: str, lease: str) -> None:
+        self.held.pop(lease, None)
+        task = asyncio.create_task(self._remove(key, lease))
+        self._leaving.add(task)
+        task.add_done_callback(self._leaving.discard)
+
+    async def _remove(self, key: str, lease: str) -> None:
+        assert self.redis is not None
+        try:
+            await self.redis.zrem(key, lease)
+        except (RedisError, OSError) as exc:  # it lapses on its own within lease_s
+            log.warning("Redis cannot be reached to free a %s place (%s); it lapses in %.0f s", self.name, exc,
+                        self.lease_s)
+
+    async def _renew_leases(self) -> None:
+        while self.held:
+            await asyncio.sleep(self.lease_s / 3)
+            held = dict(self.held)
+            if not held:
+                return
+            try:
+                await self._renew(keys=list(held.values()), args=[self.lease_s, *held])
+            except (RedisError, OSError) as exc:
+                log.warning("Redis cannot be reached to renew %d %s places (%s)", len(held), self.name, exc)
 
 
 class RedisUsedTokens:

@@ -1,21 +1,24 @@
 """What replicas share through a real Redis (Debian's redis-server, started here): a one-use
-token used on one replica is used on all, a per-client rate limit holds across replicas, and
-when Redis is down the limits let requests through while one-use tokens are refused. The live
+token used on one replica is used on all, a per-client rate limit and a per-client count of calls
+in progress hold across replicas (a dead replica's calls lapse), and when Redis is down the limits
+let requests through while one-use tokens are refused. The live
 test runs two replicas of the app (fake engines, named as fakes) on one Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Iterator
 
 import httpx
 import pytest
+import redis
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from app.security.access import Access
-from app.security.shared import RedisUsedTokens, SharedLimit
+from app.security.shared import RedisUsedTokens, SharedCallCounter, SharedLimit
 from app.security.shared import connect as redis_connect
 from app.settings import ServerConfig
 from core.clock import MonotonicClock
@@ -28,9 +31,17 @@ START = json.dumps({"type": "session.start", "audio": {"sample_rate": 16000}})
 
 
 @pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def redis_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with redis_server(tmp_path_factory.mktemp("redis")) as url:
         yield url
+
+
+@pytest.fixture
+def redis_url(redis_server_url: str) -> str:
+    """The server, emptied: a test sees nothing an earlier one left (a lease still running out)."""
+    with redis.Redis.from_url(redis_server_url) as client:
+        client.flushdb()
+    return redis_server_url
 
 
 async def test_a_one_use_token_used_on_one_replica_is_used_on_all(redis_url: str) -> None:
@@ -108,3 +119,49 @@ async def test_two_replicas_share_session_tokens_and_the_connection_limit(redis_
                     await ws.recv()
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
         assert "server.max_connections_per_minute" in closed.value.rcvd.reason
+
+
+async def test_two_replicas_count_a_keys_calls_together(redis_url: str) -> None:
+    settings = {"api_keys": [KEY], "token_secret": SECRET, "redis_url": redis_url, "max_calls_per_key": 1}
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    with live(fake_app(**settings)) as first, live(fake_app(**settings)) as second:
+        async with connect(f"ws://{first}/ws", additional_headers=bearer) as ws:
+            await ws.send(START)
+            assert json.loads(await ws.recv())["type"] == "session.started"
+            async with connect(f"ws://{second}/ws", additional_headers=bearer) as refused:
+                with pytest.raises(ConnectionClosed) as closed:
+                    while True:
+                        await refused.recv()
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+            assert "server.max_calls_per_key" in closed.value.rcvd.reason
+
+
+async def _enters(counter: SharedCallCounter, client: str) -> object:
+    async with asyncio.timeout(10):
+        while (slot := await counter.enter(client)) is None:
+            await asyncio.sleep(0.05)
+    return slot
+
+
+async def test_calls_in_progress_count_across_replicas_and_a_dead_ones_lapse(redis_url: str) -> None:
+    one, other = redis_connect(redis_url), redis_connect(redis_url)
+    first = SharedCallCounter("key calls", 1, one, lease_s=3.0)
+    second = SharedCallCounter("key calls", 1, other, lease_s=3.0)
+    slot = await first.enter("key:abc")
+    assert slot is not None
+    assert await second.enter("key:abc") is None  # one call at once for this key, on any replica
+    assert await second.enter("key:other") is not None  # per client
+    await asyncio.sleep(4.0)  # past the lease's first term: its renewals (every second) keep it
+    assert await second.enter("key:abc") is None
+    slot.release()  # hung up
+    await _enters(second, "key:abc")
+    # a replica that dies holds its places until their leases lapse (nobody renews them)
+    dead = SharedCallCounter("address calls", 1, one, lease_s=1.0)
+    assert await dead.enter("10.0.0.9") is not None
+    assert dead._renewer is not None
+    dead._renewer.cancel()  # as SIGKILL would
+    survivor = SharedCallCounter("address calls", 1, other, lease_s=1.0)
+    assert await survivor.enter("10.0.0.9") is None
+    await _enters(survivor, "10.0.0.9")
+    await one.aclose()
+    await other.aclose()
