@@ -115,7 +115,10 @@ return 1
 RENEW = """
 local now_t = redis.call('TIME')
 local until_ = tonumber(now_t[1]) + tonumber(now_t[2]) / 1000000 + tonumber(ARGV[1])
-for i = 2, #ARGV do redis.call('ZADD', KEYS[i - 1], 'XX', until_, ARGV[i]) end
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[i - 1], 'XX', until_, ARGV[i])
+  redis.call('EXPIRE', KEYS[i - 1], math.ceil(tonumber(ARGV[1])) + 1)
+end
 return 1
 """
 LEASE_S = 60.0  # a call's place lapses this long after its replica last renewed it (a replica that died)
