@@ -247,7 +247,10 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
         if reply is not None and reply.preemptive and not reply.confirmed.is_set():
             await self._discard_preemptive(reply, "the client asked for a reply")  # nobody heard it
         said = [t for t in texts if t]
-        if in_history:
+        if in_history and len(said) > 1:
+            # the reply in progress ends first, so that its words come before these in the history
+            self._release_reply()
+            await self._cancel_reply("interrupted")
             for earlier in said[:-1]:
                 self._keep(turn.turn_id, ChatMessage("user", earlier))
         text = (said[-1] if in_history else " ".join(said)) if said else None

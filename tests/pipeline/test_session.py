@@ -711,3 +711,24 @@ async def test_the_words_probability_from_the_llm_ends_the_turn_or_asks_for_pati
     assert done_events(out)[0].text == "Booked."
     await session.audio_in.put(None)
     await task
+
+
+async def test_typed_messages_that_stop_a_reply_follow_its_heard_words_in_the_history() -> None:
+    """Two messages a client typed (the Realtime API's items) answered together while a reply is
+    going: the reply is stopped first, so the history reads question, what was heard of the reply,
+    then each message in its own right."""
+    llm = FakeLLM([STORY, "Both answered."], token_delay=0.02)
+    session, out = make_session(llm, [])
+    task = asyncio.create_task(session.run())
+    await session.on_text(["Tell me a story."])
+    await out.wait(lambda: any(isinstance(e, ReplyText) for e in out.events) and out.audio, timeout=10)
+    await session.on_text(["And one thing.", "And another."])
+    await out.wait(lambda: len(done_events(out)) >= 2, timeout=10)
+    first, second = done_events(out)[:2]
+    assert first.status == "interrupted" and second.status == "completed"
+    heard = [("assistant", first.text)] if first.text else []  # what was sent of it, if any was
+    assert [(m.role, m.content) for m in session.history[1:]] == [
+        ("user", "Tell me a story."), *heard, ("user", "And one thing."), ("user", "And another."),
+        ("assistant", "Both answered.")]
+    await session.audio_in.put(None)
+    await task
