@@ -57,9 +57,8 @@ class SharedLimit:
 
     def __init__(self, name: str, per_minute: int, clock: Clock, redis: Redis | None = None) -> None:
         self.name = name
-        self.capacity = float(per_minute)
-        self.rate = per_minute / 60.0
         self.memory = RateLimiter(per_minute, clock)
+        self.capacity, self.rate = self.memory.capacity, self.memory.rate
         self.redis = redis
         self._script: Any = redis.register_script(BUCKET) if redis is not None else None
         self._warned = False
@@ -176,13 +175,17 @@ class SharedCallCounter:
     async def _renew_leases(self) -> None:
         while self.held:
             await asyncio.sleep(self.lease_s / 3)
-            held = dict(self.held)
-            if not held:
-                return
-            try:
-                await self._renew(keys=list(held.values()), args=[self.lease_s, *held])
-            except (RedisError, OSError) as exc:
-                log.warning("Redis cannot be reached to renew %d %s places (%s)", len(held), self.name, exc)
+            await self.renew()
+
+    async def renew(self) -> None:
+        """Every call this replica holds keeps its place for another `lease_s`."""
+        held = dict(self.held)
+        if not held:
+            return
+        try:
+            await self._renew(keys=list(held.values()), args=[self.lease_s, *held])
+        except (RedisError, OSError) as exc:
+            log.warning("Redis cannot be reached to renew %d %s places (%s)", len(held), self.name, exc)
 
 
 class RedisUsedTokens:

@@ -113,9 +113,6 @@ class Tokens:
         claims = await self._claims(token, prefix)
         return str(claims.get("o", "")) if claims is not None else None
 
-    async def valid(self, token: str) -> bool:
-        return await self.owner(token) is not None
-
     async def take(self, token: str, prefix: str = "") -> str | None:
         """A live token's owner, once: it is struck off after. None for an unknown, expired or used one."""
         redeemed = await self.redeem(token, prefix)

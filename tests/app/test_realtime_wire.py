@@ -677,3 +677,21 @@ async def test_a_function_calls_arguments_come_in_pieces_as_the_model_writes_the
     assert [o["arguments"] for o in first["output"] if o["type"] == "function_call"] == [arguments]
     socket.inbox.put_nowait({"type": "websocket.disconnect"})
     await asyncio.wait_for(task, 5)
+
+
+async def test_a_response_does_not_wait_on_rate_limits_that_are_slow_to_come() -> None:
+    """A Redis that is slow or down must not hold back a reply's first audio: the limits are left out."""
+    call, socket, _ = make_call()
+
+    async def stuck() -> list[dict[str, Any]]:
+        await asyncio.sleep(30)
+        return []
+
+    socket.scope = {"voice_agent.rate_limits": stuck}
+    task = asyncio.create_task(call.serve())
+    socket.send(type="conversation.item.create", item=typed("Capital of Italy?"))
+    socket.send(type="response.create")
+    assert (await responses(socket, 1))[0]["response"]["status"] == "completed"
+    assert not [e for e in socket.events() if e["type"] == "rate_limits.updated"]
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)

@@ -33,6 +33,7 @@ from pipeline.events import (
 )
 
 log = logging.getLogger(__name__)
+RATE_LIMITS_WAIT_S = 0.05  # the longest a response's start waits for the client's rate limits
 STATUS = {"completed": "completed", "tool_calls": "completed", "interrupted": "cancelled", "failed": "failed"}
 
 
@@ -204,7 +205,12 @@ class RealtimeOutbound:
         if self.idle is not None:
             self.idle.disarm()
         if self.rate_limits is not None:  # as OpenAI's server, at the start of each response
-            await self.send("rate_limits.updated", rate_limits=await self.rate_limits())
+            try:  # never at the cost of the reply's first audio (a Redis that is slow or down)
+                limits = await asyncio.wait_for(self.rate_limits(), RATE_LIMITS_WAIT_S)
+            except TimeoutError:
+                log.debug("rate_limits.updated skipped: the limits took over %.0f ms", 1000 * RATE_LIMITS_WAIT_S)
+            else:
+                await self.send("rate_limits.updated", rate_limits=limits)
         return response
 
     async def _message(self, turn_id: int) -> Response:

@@ -401,16 +401,13 @@ class RealtimeWire:
             gone += [i for i, other in outbound.items.items()
                      if i != item_id and other.get("call_id") == call_id and other.get("type") in
                      ("function_call", "function_call_output")]
-        elif item_id in self.typed and item.get("role") in ("assistant", "system"):
+        elif item_id in self.typed:  # a message the client added, answered or kept as it is
             turn_id, role, text = self.typed.pop(item_id)
             session.forget(turn_id, role, text)
         elif item.get("role") == "user":
             waiting = [(i, t) for i, t in self.pending_text if i == item_id]
-            if waiting:
+            if waiting:  # not answered yet: it never reached the history
                 self.pending_text.remove(waiting[0])
-            elif item_id in self.typed:
-                turn_id, role, text = self.typed.pop(item_id)
-                session.forget(turn_id, role, text)
             else:
                 spoken = next((t for t, i in outbound.user_items.items() if i == item_id), None)
                 if spoken is not None:
