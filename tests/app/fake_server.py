@@ -14,6 +14,8 @@ import asyncio
 import logging
 import os
 
+from fastapi import FastAPI
+
 from app.main import create_app
 from app.settings import Settings
 from app.shutdown import serve
@@ -54,10 +56,9 @@ def fake_backends(token_delay: float = 0.05, reply: str = REPLY) -> Backends:
     return Backends(FakeVad(), FakeEchoRecognizer(), FakeSynthesizer(), FakeEndlessLLM(token_delay, reply))
 
 
-def main() -> None:
+def create_fake_app() -> FastAPI:
+    """The app over fake engines, for any ASGI server: `uvicorn --factory tests.app.fake_server:create_fake_app`."""
     settings = Settings()
-    logging.basicConfig(level=settings.server.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token_delay = float(os.environ.get("FAKE_TOKEN_DELAY_S", "0.05"))
     app = create_app(settings, backends=fake_backends(token_delay, os.environ.get("FAKE_REPLY", REPLY)))
 
@@ -65,7 +66,14 @@ def main() -> None:
     async def tasks() -> dict[str, int]:
         return {"tasks": len(asyncio.all_tasks())}
 
-    serve(app, settings)
+    return app
+
+
+def main() -> None:
+    settings = Settings()
+    logging.basicConfig(level=settings.server.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(create_fake_app(), settings)
 
 
 if __name__ == "__main__":
