@@ -55,6 +55,7 @@ class VoiceClient:
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
     tool_handler: Callable[[str, dict[str, Any]], Awaitable[Any] | Any] | None = None
+    headers: dict[str, str] | None = None  # sent with the upgrade: `Authorization: Bearer <key>`
     _tool_tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def open(self) -> None:
@@ -62,8 +63,14 @@ class VoiceClient:
         import websockets
 
         local: dict[str, Any] = {"local_addr": (self.source_address, 0)} if self.source_address else {}
-        self._ws = await websockets.connect(self.url, max_size=None, **local)
+        self._ws = await websockets.connect(self.url, max_size=None, additional_headers=self.headers, **local)
         self._reader = asyncio.create_task(self._read())
+
+    @property
+    def response_headers(self) -> dict[str, str]:
+        """The headers of the server's answer to the upgrade, names in lower case (a balancer's X-Served-By)."""
+        response = getattr(self._ws, "response", None)
+        return {name.lower(): value for name, value in response.headers.raw_items()} if response else {}
 
     async def wait_closed(self, timeout: float) -> int | None:
         """Wait for the server to close the socket; returns the close code."""

@@ -40,9 +40,9 @@ def _free_port() -> int:
 
 
 def start_server(
-    tmp: Path, env: dict[str, str] | None = None, timeout: float = 480.0
+    tmp: Path, env: dict[str, str] | None = None, timeout: float = 480.0, port: int | None = None
 ) -> tuple[Server, subprocess.Popen[bytes]]:
-    port = _free_port()
+    port = port or _free_port()
     log_path = tmp / f"server-{port}.log"
     full_env = {
         **os.environ,
@@ -50,7 +50,7 @@ def start_server(
         "PYTHONUNBUFFERED": "1",
         **(env or {}),
     }
-    with log_path.open("wb") as log:
+    with log_path.open("ab") as log:  # a restart on the same port adds to its log
         proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
             stdout=log, stderr=subprocess.STDOUT, env=full_env,
