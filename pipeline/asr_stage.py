@@ -40,6 +40,7 @@ from pipeline.events import (
     TranscriptFinal,
     TranscriptPartial,
 )
+from pipeline.numerals import spoken_digits
 
 _END = object()
 log = logging.getLogger(__name__)
@@ -59,6 +60,9 @@ async def asr_stage(
     interval = int(recognizer.sample_rate * config.partial_interval_ms / 1000)
     first_interval = int(recognizer.sample_rate * config.first_partial_ms / 1000)
 
+    def written(text: str) -> str:
+        return spoken_digits(text) if config.spoken_digits else text
+
     def spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
         tasks.add(task)
@@ -72,7 +76,7 @@ async def asr_stage(
             log.warning("turn %d: an interim transcript failed (%s: %s); skipped", turn_id, type(exc).__name__, exc)
             return
         if turn_id not in finalized and text:
-            await out.put(TranscriptPartial(turn_id, text, clock.now()))
+            await out.put(TranscriptPartial(turn_id, written(text), clock.now()))
 
     async def final(turn_id: int, early: asyncio.Future[str] | None, audio: np.ndarray) -> None:
         try:
@@ -83,7 +87,7 @@ async def asr_stage(
                       exc_info=not isinstance(exc, VoiceAgentError))
             await out.put(ErrorEvent(code, "speech recognition failed; please say that again", turn_id))
             text = ""
-        await out.put(TranscriptFinal(turn_id, text, clock.now()))
+        await out.put(TranscriptFinal(turn_id, written(text), clock.now()))
 
     async def announce(turn_id: int, early: asyncio.Future[str]) -> None:
         """The transcript made at a pause, if it is ready while the pause lasts: a preemptive reply
@@ -91,7 +95,7 @@ async def asr_stage(
         with contextlib.suppress(Exception, asyncio.CancelledError):  # a failure is final()'s to report
             text = await asyncio.shield(early)
             if turn_id not in finalized and not early.cancelled() and text:
-                await out.put(TranscriptEarly(turn_id, text, clock.now()))
+                await out.put(TranscriptEarly(turn_id, written(text), clock.now()))
 
     async def read() -> None:
         chunks: list[np.ndarray] = []

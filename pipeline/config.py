@@ -99,6 +99,10 @@ class AsrStageConfig(BaseModel):
         1, ge=1, le=10, description="beam for interim transcripts (greedy: 14 % faster than beam 5 with "
         "whisper-tiny.en on machine A); the final one, made at the pause, uses asr.beam_size, since greedy search "
         "misheard an 8 kHz question that beam 5 got right")
+    spoken_digits: bool = Field(
+        True, description="runs of three or more dictated digits become numerals (\"four five one two\" -> "
+        "\"4512\") in the transcripts, so the model copies a code a tool needs instead of converting words "
+        "(pipeline/numerals.py)")
     max_queued_events: int = Field(
         256, ge=8, description="speech and transcript events waiting for the session; beyond it the VAD waits, "
         "and the socket's audio backlog limit (server.max_audio_backlog_ms) drops the caller's newest audio")

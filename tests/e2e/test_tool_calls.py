@@ -126,7 +126,7 @@ async def test_a_clients_own_tool_is_asked_over_the_socket(tool_server: Server, 
     await client.close()
     said = [(e["type"], e.get("text")) for e in client.events() if e["type"] in ("transcript.final", "response.done")]
     assert [name for name, _ in asked] == ["order_status"], said
-    assert asked[0][1]["order_number"].replace(" ", "") == "4512"
+    assert asked[0][1]["order_number"].replace(" ", "") == "4512", said
     assert client.events("response.function_call")[0]["name"] == "order_status"
 
 
