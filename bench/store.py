@@ -10,8 +10,13 @@
 (b) An export of 100 calls of 10 turns each through the HTTP API (jsonl and csv; the API's router
     served by uvicorn on a local port, SQLite), timed from the request to the last byte, 5 times
     each. Target: under a second.
+(c) The database's share (with --postgres, or --database-url): 200 calls of 20 turns handed to one
+    CallStore as fast as it takes them, then flushed; the records a second one replica's writer
+    puts into the database (SQLite and PostgreSQL side by side), and for PostgreSQL the server's own
+    CPU seconds per turn (its processes, read with psutil): how many turns a second a core of the
+    database takes, for docs/deployment.md's sizing.
 
-    .venv/bin/python bench/store.py --json docs/bench/store.json > docs/bench/store.txt
+    .venv/bin/python bench/store.py --postgres --json docs/bench/store.json > docs/bench/store.txt
 """
 
 from __future__ import annotations
@@ -186,17 +191,69 @@ async def export(folder: Path, calls: int, turns: int, repeats: int) -> dict[str
     return results
 
 
+def postgres_cpu_s() -> float:
+    """CPU seconds of every PostgreSQL process on the machine (the benchmark's own server)."""
+    import psutil
+
+    total = 0.0
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] == "postgres":
+            try:
+                times = proc.cpu_times()
+                total += times.user + times.system
+            except psutil.Error:
+                pass
+    return total
+
+
+async def writes(url: str, folder: Path, calls: int = 200, turns: int = 20) -> dict[str, Any]:
+    """Records a second one writer puts into the database at `url` (empty: SQLite in `folder`)."""
+    store = CallStore(StorageConfig(url=url, data_dir=str(folder), retention_days=0, max_pending=calls * (turns + 2)))
+    await store.open()
+    cpu0 = postgres_cpu_s() if url else 0.0
+    start = time.perf_counter()
+    for c in range(calls):
+        call_id = f"w-{c:04d}-{int(start * 1000)}"
+        at = T0 + dt.timedelta(minutes=c)
+        store.call_started(CallRecord(call_id, "ws", at))
+        for t in range(turns):
+            store.turn_ended(call_id, a_turn(t, at))
+        store.call_ended(call_id, at + dt.timedelta(seconds=10 * turns + 5), "hangup")
+        await asyncio.sleep(0)
+    await store.flush()
+    took = time.perf_counter() - start
+    db_cpu = postgres_cpu_s() - cpu0 if url else None
+    dropped = store.dropped
+    await store.close()
+    return {"database": "postgresql" if url else "sqlite", "calls": calls, "turns": calls * turns,
+            "records": calls * (turns + 2), "seconds": round(took, 3),
+            "turns_per_s": round(calls * turns / took, 1), "records_per_s": round(calls * (turns + 2) / took, 1),
+            "db_cpu_ms_per_turn": round(1000 * db_cpu / (calls * turns), 3) if db_cpu is not None else None,
+            "dropped": dropped}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=1000)
     parser.add_argument("--export-calls", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--postgres", action="store_true",
+                        help="(c) also against a throwaway PostgreSQL (Debian's, as the tests start it)")
+    parser.add_argument("--database-url", default="", help="(c) also against this PostgreSQL")
     parser.add_argument("--json")
     args = parser.parse_args()
     print(f"CPU: {cpu.describe()}")
     with tempfile.TemporaryDirectory() as tmp:
         path = asyncio.run(audio_path(args.turns, Path(tmp) / "audio"))
         report = asyncio.run(export(Path(tmp) / "export", args.export_calls, 10, args.repeats))
+        written = [asyncio.run(writes("", Path(tmp) / "writes"))]
+        if args.database_url:
+            written.append(asyncio.run(writes(args.database_url, Path(tmp) / "writes")))
+        elif args.postgres:
+            from tests.postgres_server import postgres_server
+
+            with postgres_server() as url:
+                written.append(asyncio.run(writes(url, Path(tmp) / "writes")))
     p = path["per_turn_us"]
     print(f"(a) audio path, per turn ({path['calls_per_turn']} calls: 250 caller frames, 125 bot chunks, "
           f"turn_ended), {path['turns']} turns: p50 {p['p50'] / 1000:.3f} ms, p99 {p['p99'] / 1000:.3f} ms, "
@@ -212,9 +269,14 @@ def main() -> None:
         r = report[fmt]
         print(f"(b) export of {report['calls']} calls x {report['turns_per_call']} turns as {fmt}: median "
               f"{r['median_s']:.3f} s ({r['bytes'] / 1000:.0f} kB; runs {r['seconds']}) (target < 1 s)")
+    for w in written:
+        db_cpu = f", the server's CPU {w['db_cpu_ms_per_turn']} ms a turn" if w["db_cpu_ms_per_turn"] else ""
+        print(f"(c) {w['database']}: {w['calls']} calls of {w['turns'] // w['calls']} turns ({w['records']} records) "
+              f"written in {w['seconds']} s by one writer: {w['turns_per_s']} turns/s, {w['records_per_s']} "
+              f"records/s{db_cpu}; {w['dropped']} dropped")
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "audio_path": path, "export": report},
-                                              indent=1))
+        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "audio_path": path, "export": report,
+                                               "writes": written}, indent=1))
         print(f"wrote {args.json}")
 
 
