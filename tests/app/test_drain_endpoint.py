@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import websockets
 
-from tests.app.test_shutdown import START, free_port, kept_turns, utterance
+from tests.app.test_shutdown import free_port, kept_turns, speak_until_mid_reply
 
 KEY = "drain-test-key-0123456789"
 DRAIN_S = 8.0
@@ -52,16 +52,7 @@ async def call_through_drain(base: str, env: dict[str, str]) -> dict[str, Any]:
     seen: list[dict[str, Any]] = []
     auth = {"Authorization": f"Bearer {KEY}"}
     async with websockets.connect(f"ws://{base}/ws", additional_headers=auth) as ws:
-        await ws.send(START)
-        started = json.loads(await ws.recv())
-        for frame in utterance():
-            await ws.send(frame)
-            await asyncio.sleep(0.005)
-        while True:  # until the reply's first audio: then the server is mid-reply
-            message = await asyncio.wait_for(ws.recv(), 10)
-            if isinstance(message, bytes):
-                break
-            seen.append(json.loads(message))
+        started = await speak_until_mid_reply(ws, seen)
         drain = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "app.cli", "drain", "--wait", env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)

@@ -73,19 +73,25 @@ async def refused(base: str) -> tuple[dict[str, Any], int | None]:
         return first, ws.close_code
 
 
+async def speak_until_mid_reply(ws: Any, seen: list[dict[str, Any]]) -> dict[str, Any]:
+    """Start a session, say one utterance, and return (session.started) at the reply's first audio,
+    the events before it kept in `seen`: the server is then mid-reply."""
+    await ws.send(START)
+    started: dict[str, Any] = json.loads(await ws.recv())
+    for frame in utterance():
+        await ws.send(frame)
+        await asyncio.sleep(0.005)
+    while True:
+        message = await asyncio.wait_for(ws.recv(), 10)
+        if isinstance(message, bytes):
+            return started
+        seen.append(json.loads(message))
+
+
 async def call_through_shutdown(base: str, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
     seen: list[dict[str, Any]] = []
     async with websockets.connect(f"ws://{base}/ws") as ws:
-        await ws.send(START)
-        started = json.loads(await ws.recv())
-        for frame in utterance():
-            await ws.send(frame)
-            await asyncio.sleep(0.005)
-        while True:  # until the reply's first audio: then the server is mid-reply
-            message = await asyncio.wait_for(ws.recv(), 10)
-            if isinstance(message, bytes):
-                break
-            seen.append(json.loads(message))
+        started = await speak_until_mid_reply(ws, seen)
         signalled = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         await asyncio.sleep(0.3)

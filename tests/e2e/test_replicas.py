@@ -238,7 +238,6 @@ async def test_sigterm_mid_reply_finishes_the_reply_moves_new_calls_and_keeps_th
         proc.send_signal(signal.SIGTERM)
         cluster.balancer.wait_for(victim, "DOWN", timeout=10)  # its /readyz failed: no new calls for it
         newcomer = await call_on(cluster, "b", key)  # lands on another
-        assert {newcomer.response_headers["x-served-by"]} <= {"b", "c"}
         landed = []
         newcomers = {"Authorization": f"Bearer {KEYS['sigterm-newcomers']}"}
         for _ in range(3):
