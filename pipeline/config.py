@@ -117,6 +117,34 @@ class ChunkerConfig(BaseModel):
     max_words: int = Field(24, ge=4, description="a phrase is cut at a word boundary beyond this")
 
 
+class TrimConfig(BaseModel):
+    """Trimming the synthesizer's silence around each phrase (pipeline/trim.py), for every engine.
+    Measured at 16 kHz: hibari leaves 235-330 ms before a phrase's sound and 245-455 ms after it,
+    at -85 dBFS or below (mostly digital zero); espeak-ng 0-45 ms of zeros before, 300 ms after a
+    sentence, 150 ms after a comma. Soft onsets ("th", "f", "h") rise from -80 dBFS over tens of ms,
+    so the level sits at -60: 25 dB above hibari's padding, and with onset_ms the loudest 5 ms
+    dropped before a phrase's first sound was -61 dBFS (mostly -70 to -83)."""
+
+    enabled: bool = Field(True, description="false: each phrase's audio is sent as the synthesizer made it")
+    silence_db: float = Field(
+        -60.0, le=0, description="a 5 ms frame whose RMS level is below this (dB relative to full scale) is silence")
+    onset_ms: int = Field(
+        10, ge=0, description="audio kept before a phrase's first sound, so a soft onset or plosive is not clipped")
+    sentence_pause_ms: int = Field(
+        250, ge=0, description="the silence after a phrase that ends a sentence (. ? !) is cut to this: the "
+        "synthesizer's own silence, never lengthened, at most max_inner_silence_ms")
+    clause_pause_ms: int = Field(
+        120, ge=0, description="the same after a phrase that ends a clause (, ; : and dashes)")
+    cut_pause_ms: int = Field(
+        0, ge=0, description="the same after a phrase cut without a mark (mid-sentence: chunker.first_max_words, "
+        "chunker.max_words), where the words run on")
+    max_inner_silence_ms: int = Field(
+        400, ge=0, description="a silence inside a phrase is kept as it is up to this long and cut to it beyond (it "
+        "is held back until the sound resumes): above the pauses measured inside a sentence (hibari up to 265 ms, "
+        "espeak-ng 225 ms) and espeak-ng's 300-340 ms between sentences, below hibari's 630-800 ms between two "
+        "sentences of one phrase (its padding twice)")
+
+
 class SessionConfig(BaseModel):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     tools_prompt: str = Field(DEFAULT_TOOLS_PROMPT, description="the system prompt of a call that has tools at its "
@@ -128,6 +156,9 @@ class SessionConfig(BaseModel):
         "LLM's cache of it) stays the same for that many messages; 1 slides the window every turn")
     output_chunk_ms: int = Field(40, ge=10, le=500, description="reply audio per binary frame")
     output_lead_ms: int = Field(300, ge=0, description="how far reply audio may run ahead of real time")
+    tts_trim: TrimConfig = Field(
+        default_factory=lambda: TrimConfig(), description="the synthesizer's silence before and after each phrase "
+        "is cut: the reply starts with sound, and phrases are apart by a pause chosen from their last mark")
     apology: str = "Sorry, I'm having trouble answering right now. Could you say that again?"
     barge_in_max_hold_ms: int = Field(
         1500, ge=0, description="while the bot talks, a caller's sound pauses its audio; at the caller's first pause "

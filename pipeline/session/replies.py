@@ -38,6 +38,7 @@ from pipeline.history import prompt_window
 from pipeline.llm_stage import llm_stage
 from pipeline.session.parts import Reply
 from pipeline.session.state import SessionState
+from pipeline.trim import trim_phrase
 from pipeline.tts_stage import tts_stage
 from pipeline.turns import Turn
 
@@ -168,7 +169,8 @@ class RepliesMixin(SessionState):
         text = (llm_stage(_one(request), self.conversation, cfg.sampling, self.clock) if reply.fixed_text is None
                 else _said(turn.turn_id, reply.fixed_text, self.clock))
         phrases = chunk_stage(text, cfg.chunker, self.clock)
-        audio = (tts_stage(phrases, self.backends.tts, self.backends.tts_worker, self.output_rate, self.clock)
+        audio = (tts_stage(phrases, self.backends.tts, self.backends.tts_worker, self.output_rate, self.clock,
+                           cfg.session.tts_trim)
                  if reply.speaks else phrases)
         try:
             async with contextlib.aclosing(audio):
@@ -219,10 +221,11 @@ class RepliesMixin(SessionState):
         await self._send_for(reply, ErrorEvent(code, f"the reply failed: {reply.error}", reply.turn.turn_id))
         if reply.ledger.produced or not reply.speaks:
             return
-        tts = self.backends.tts
-        chunks = await self.backends.tts_worker.run(lambda: list(tts.synthesize(self.config.session.apology)))
-        for chunk in chunks:
-            audio = resample(np.asarray(chunk, dtype=np.float32), tts.sample_rate, self.output_rate)
+        tts, apology = self.backends.tts, self.config.session.apology
+        chunks = await self.backends.tts_worker.run(lambda: list(tts.synthesize(apology)))
+        resampled = (resample(np.asarray(chunk, dtype=np.float32), tts.sample_rate, self.output_rate)
+                     for chunk in chunks)
+        for audio in trim_phrase(resampled, self.output_rate, apology, self.config.session.tts_trim):
             reply.turn.mark("tts_first_audio", self.clock.now())
             await self._queue_audio(reply, ReplyAudio(reply.turn.turn_id, -1, audio, self.clock.now()))
 
