@@ -18,7 +18,7 @@ from core.errors import BackendUnavailableError, EngineError, ModelMissingError
 from models.cache import resolve
 from models.config import AsrConfig
 from models.cpu import cores
-from models.protocols import Audio
+from models.protocols import Audio, Heard
 
 log = logging.getLogger(__name__)
 
@@ -53,27 +53,33 @@ class FasterWhisperRecognizer:
                  config.window_s if self._windowed else WHISPER_WINDOW_S)
 
     def transcribe(self, audio: Audio, beam_size: int | None = None) -> str:
+        return self.transcribe_scored(audio, beam_size).text
+
+    def transcribe_scored(self, audio: Audio, beam_size: int | None = None) -> Heard:
         if len(audio) < self.sample_rate // 10:
-            return ""
+            return Heard("")
         audio = np.ascontiguousarray(audio, dtype=np.float32)
         beam = beam_size or self.config.beam_size
         try:
             if self._windowed is not None and len(audio) < (WHISPER_WINDOW_S - 1) * self.sample_rate:
-                text = self._windowed(audio, beam)
-                if text is not None:
-                    return text
+                heard = self._windowed(audio, beam)
+                if heard is not None:
+                    return heard
             return self._whole(audio, beam)
         except RuntimeError as exc:
             raise EngineError(f"faster-whisper failed: {exc}") from exc
 
-    def _whole(self, audio: np.ndarray, beam: int) -> str:
+    def _whole(self, audio: np.ndarray, beam: int) -> Heard:
         """faster-whisper's own path: 30 s windows, temperature fallback."""
         segments, _ = self._model.transcribe(
             audio, language=self.config.language, beam_size=beam, vad_filter=False,
             condition_on_previous_text=False, without_timestamps=True,
         )
-        texts = [s.text for s in segments if not _no_speech(s.no_speech_prob, s.avg_logprob)]
-        return " ".join(t.strip() for t in texts).strip()
+        kept = [s for s in segments if not _no_speech(s.no_speech_prob, s.avg_logprob)]
+        text = " ".join(s.text.strip() for s in kept).strip()
+        if not kept:
+            return Heard(text)
+        return Heard(text, min(s.avg_logprob for s in kept), max(s.no_speech_prob for s in kept))
 
 
 WHISPER_WINDOW_S = 30
@@ -100,7 +106,7 @@ class ShortWindow:
         self.prompt = [*self.tokenizer.sot_sequence, self.tokenizer.no_timestamps]
         self.suppress = list(get_suppressed_tokens(self.tokenizer, [-1]))
 
-    def __call__(self, audio: np.ndarray, beam: int) -> str | None:
+    def __call__(self, audio: np.ndarray, beam: int) -> Heard | None:
         """The transcript, or None when the full window must decide (Whisper repeated itself)."""
         from faster_whisper.audio import pad_or_trim
         from faster_whisper.transcribe import get_compression_ratio
@@ -126,4 +132,6 @@ class ShortWindow:
         if get_compression_ratio(text) > 2.4:
             log.info("ASR: the %d s window repeated itself (%r); decoding the full 30 s window", window // 100, text)
             return None
-        return text if any(c.isalnum() for c in text) else ""
+        if not any(c.isalnum() for c in text):
+            return Heard("")
+        return Heard(text, float(avg_logprob), float(result.no_speech_prob))

@@ -53,6 +53,22 @@ class SpeechRecognizer(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Heard:
+    """A transcript with the recognizer's own confidence in it, where it gives one: the mean
+    log-probability of its tokens, and the chance that the audio held no speech."""
+
+    text: str
+    avg_logprob: float | None = None
+    no_speech_prob: float | None = None
+
+
+class ScoredRecognizer(SpeechRecognizer, Protocol):
+    def transcribe_scored(self, audio: Audio, beam_size: int | None = None) -> Heard:
+        """As `transcribe`, with the recognizer's confidence."""
+        ...
+
+
 class Synthesizer(Protocol):
     name: str
     sample_rate: int

@@ -10,6 +10,7 @@ import pytest
 
 from models.asr_faster_whisper import FasterWhisperRecognizer
 from models.config import AsrConfig
+from models.protocols import Heard
 from tests.speech import speech_samples, words
 
 QUESTION = "What is the weather going to be like in Paris tomorrow?"
@@ -29,9 +30,9 @@ def _refuse_whole(recognizer: FasterWhisperRecognizer, monkeypatch: pytest.Monke
     """Record (instead of running) every fall back to the full 30 s window."""
     calls: list[int] = []
 
-    def whole(audio: np.ndarray, beam: int) -> str:
+    def whole(audio: np.ndarray, beam: int) -> Heard:
         calls.append(len(audio))
-        return "<the full window>"
+        return Heard("<the full window>")
 
     monkeypatch.setattr(recognizer, "_whole", whole)
     return calls
