@@ -27,6 +27,7 @@ from app.transports.realtime import secrets as realtime_secrets
 from app.transports.realtime import wire as realtime
 from core.clock import Clock, MonotonicClock
 from pipeline.session import Backends
+from pipeline.turn_policy import check_decision
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
@@ -35,6 +36,7 @@ STATIC = Path(__file__).parent / "static"
 def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
                backends: Backends | None = None) -> FastAPI:
     runtime = Runtime(settings or Settings(), clock or MonotonicClock(), backends=backends)
+    check_decision(runtime.settings.endpointing)
     install_log_redaction()
 
     @contextlib.asynccontextmanager

@@ -7,8 +7,8 @@ as `vad_stage` does, with the turn never ended (so that every pause is seen). At
 - the sound: Smart Turn v3.2 hears the turn's audio (from its start less the prefix padding, up to
   the pause; its last 8 s);
 - the words: the service's recognizer (faster-whisper, asr.model, asr.beam_size) transcribes the
-  same audio (the early final transcript), and the embedded LLM (llm.model, the default system
-  prompt) gives its probability that the caller's message ends with those words
+  same audio (the early final transcript, with the recognizer's confidence), and the embedded LLM
+  (llm.model, the default system prompt) gives its probability that the caller's message ends with those words
   (`EmbeddedConversation.end_of_turn` on `bare_words(transcript)`, as the session asks it).
 Kept per pause: when it began, the silence and position of each of its VAD windows until the caller
 went on (or the audio ended), both probabilities, the transcript, and each model's time. The words'
@@ -42,7 +42,7 @@ from pipeline.turn_policy import bare_words
 
 RATE = 16000
 WINDOW_MS = 1000.0 * SileroVad.window_samples / RATE
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 WORDS_VERSION = 2
 # the settings where the pauses are (the decision's own do not change the evidence)
 VAD_FIELDS = {"threshold", "neg_threshold", "min_speech_ms", "prefix_padding_ms", "max_turn_s", "early_final_ms"}
@@ -61,6 +61,9 @@ class Pause:
     audio_ms: float  # Smart Turn's inference time
     asr_ms: float
     llm_ms: float
+    avg_logprob: float | None = None  # the recognizer's confidence in `words` (models.protocols.Heard)
+    no_speech_prob: float | None = None
+    speech_ms: float = 0.0  # the audio transcribed: the turn from its start less the padding, to the pause
 
 
 class Gatherer:
@@ -107,10 +110,13 @@ class Gatherer:
         p_audio = self.turn.probability(audio[-int(TURN_MODEL_S * RATE):])
         audio_ms = 1000 * (time.perf_counter() - began)
         began = time.perf_counter()
-        words = self.asr.transcribe(audio).strip()
+        heard = self.asr.transcribe_scored(audio)
         asr_ms = 1000 * (time.perf_counter() - began)
-        return Pause(sample.id, at_ms, silence_from_ms, [], [], round(p_audio, 5), None, words,
-                     round(audio_ms, 1), round(asr_ms, 1), 0.0)
+        return Pause(sample.id, at_ms, silence_from_ms, [], [], round(p_audio, 5), None, heard.text.strip(),
+                     round(audio_ms, 1), round(asr_ms, 1), 0.0,
+                     None if heard.avg_logprob is None else round(heard.avg_logprob, 4),
+                     None if heard.no_speech_prob is None else round(heard.no_speech_prob, 4),
+                     round(1000 * len(audio) / RATE, 1))
 
 
 class WordsJudge:

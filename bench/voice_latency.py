@@ -115,6 +115,53 @@ def _speak(question: str, tmp: Path, rate: int, tag: str) -> np.ndarray:
     return (np.clip(audio, -1, 1) * 32767).astype(np.int16)
 
 
+AUDIBLE_DBFS = -40.0  # the first reply sample this loud is the first the caller hears (speech's end: the same level)
+
+
+def first_audible(chunks: list[tuple[float, bytes]], rate: int, dbfs: float = AUDIBLE_DBFS) -> float | None:
+    """When the caller hears the reply's first audible sample: the reply plays from its first chunk's
+    arrival, each chunk as soon as it has arrived and the one before has played (a chunk late
+    delays the rest); leading silence or padding counts as waiting. `chunks`: (arrival time, PCM16)."""
+    level = 32768 * 10 ** (dbfs / 20)
+    clock = None  # when the next chunk's first sample plays
+    for at, data in chunks:
+        samples = np.frombuffer(data, dtype="<i2")
+        clock = at if clock is None else max(clock, at)
+        loud = np.flatnonzero(np.abs(samples.astype(np.int32)) >= level)
+        if len(loud):
+            return clock + float(loud[0]) / rate
+        clock += len(samples) / rate
+    return None
+
+
+def timeline(true_end: float, received: list[Any], done: dict, rate: int) -> dict[str, float | None]:
+    """One turn in ms from the true end of speech: the pause heard, its words known and weighed, the
+    decision (speech.stopped sent), the first reply audio sent (the server's marks) and received,
+    and its first audible sample as played (the headline)."""
+    audio = [(r.at, r.audio) for r in received if r.audio and r.at > true_end]
+    stopped = next((r.at for r in received if r.event and r.event.get("type") == "speech.stopped"
+                    and r.at > true_end - 1), None)
+    heard = first_audible(audio, rate)
+    marks, decision = done.get("latency_ms", {}), done.get("endpointing_ms", {})
+    server_end = done.get("voice_to_voice_ms")
+    # the server's clock: speech_end is decision 0; its estimate of the true end is first_audio_sent - v2v
+    offset = (marks["first_audio_sent"] - server_end
+              if server_end is not None and "first_audio_sent" in marks else None)
+
+    def since_true_end(name: str, table: dict) -> float | None:
+        return None if offset is None or name not in table else round(table[name] - offset, 1)
+
+    return {
+        "pause_heard": since_true_end("pause_heard", decision),
+        "words_weighed": since_true_end("words_weighed", decision),
+        "decided": None if offset is None else round(-offset, 1),
+        "decision_received": None if stopped is None else round((stopped - true_end) * 1000, 1),
+        "first_audio_sent": since_true_end("first_audio_sent", marks),
+        "first_audio_received": round((audio[0][0] - true_end) * 1000, 1) if audio else None,
+        "first_audible": None if heard is None else round((heard - true_end) * 1000, 1),
+    }
+
+
 async def one_call(url: str, question: str, tmp: Path, rate: int) -> dict:
     samples = question_audio(question, tmp, rate)
     lead = np.zeros(int(0.3 * rate), dtype=np.int16)
@@ -145,6 +192,7 @@ async def one_call(url: str, question: str, tmp: Path, rate: int) -> dict:
         "server_v2v": done.get("voice_to_voice_ms"),
         "true_v2v": (first_audio - true_end) * 1000 if first_audio else None,
         "tokens_per_second": done.get("llm", {}).get("tokens_per_second"),
+        "timeline": timeline(true_end, client.received, done, rate),
     }
 
 
@@ -279,6 +327,12 @@ async def run(urls: dict[str, str | Server | tuple[str, Server]], repeat: int, r
         if a and b:
             print(f"\ntrue voice-to-voice median: {names[0]} {a:.0f} ms, {names[1]} {b:.0f} ms, "
                   f"difference {a - b:+.0f} ms, ratio {a / b:.2f}")
+        heard = [[t["timeline"]["first_audible"] for t in results[n] if t.get("timeline", {}).get("first_audible")]
+                 for n in names]
+        if all(heard):
+            (a50, b50), (a90, b90) = ((statistics.median(h) for h in heard), (pct(h, 0.9) for h in heard))
+            print(f"to the first audible reply sample, p50 / p90: {names[0]} {a50:.0f} / {a90:.0f} ms, "
+                  f"{names[1]} {b50:.0f} / {b90:.0f} ms; p50 difference {a50 - b50:+.0f} ms, ratio {a50 / b50:.2f}")
         same = sum(x["heard"] == y["heard"] for x, y in zip(results[names[0]], results[names[1]], strict=True))
         print(f"the same transcript over both: {same} of {len(results[names[0]])} questions")
     return results
@@ -295,6 +349,14 @@ def report(name: str, results: list[dict]) -> None:
         values = [r[key] for r in results if r[key] is not None]
         if values:
             print(f"{name:22s} {statistics.median(values):7.0f} {pct(values, 0.95):7.0f}")
+    lines = [r["timeline"] for r in results if r.get("timeline")]
+    if lines:
+        print("timeline, ms since the true end of speech (p50 / p90; pause and words by the server's clock):")
+        for key in ("pause_heard", "words_weighed", "decided", "decision_received", "first_audio_sent",
+                    "first_audio_received", "first_audible"):
+            values = [t[key] for t in lines if t.get(key) is not None]
+            if values:
+                print(f"  {key:22s} {statistics.median(values):7.0f} {pct(values, 0.9):7.0f}")
     # Every call here is a fresh call, so each turn is a call's first turn.
     after_final = [r["marks"]["llm_first_token"] - r["marks"]["asr_final"] for r in results
                    if "llm_first_token" in r["marks"] and "asr_final" in r["marks"]]

@@ -25,7 +25,7 @@ import numpy as np
 from core.clock import Clock
 from core.errors import VoiceAgentError
 from core.worker import ModelWorker
-from models.protocols import SpeechRecognizer
+from models.protocols import Heard, SpeechRecognizer
 from pipeline.config import AsrStageConfig
 from pipeline.events import (
     ErrorEvent,
@@ -63,6 +63,14 @@ async def asr_stage(
     def written(text: str) -> str:
         return spoken_digits(text) if config.spoken_digits else text
 
+    def scored(audio: np.ndarray) -> Heard:
+        """The transcript with the recognizer's confidence, where it gives one (on the worker)."""
+        transcribe_scored = getattr(recognizer, "transcribe_scored", None)
+        if transcribe_scored is not None:
+            heard: Heard = transcribe_scored(audio)
+            return heard
+        return Heard(recognizer.transcribe(audio))
+
     def spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
         tasks.add(task)
@@ -78,9 +86,9 @@ async def asr_stage(
         if turn_id not in finalized and text:
             await out.put(TranscriptPartial(turn_id, written(text), clock.now()))
 
-    async def final(turn_id: int, early: asyncio.Future[str] | None, audio: np.ndarray) -> None:
+    async def final(turn_id: int, early: asyncio.Future[Heard] | None, audio: np.ndarray) -> None:
         try:
-            text = await early if early is not None else await worker.run(recognizer.transcribe, audio)
+            text = (await early).text if early is not None else await worker.run(recognizer.transcribe, audio)
         except Exception as exc:  # any failure: the turn gets no reply, the caller hears why, the call goes on
             code = exc.code if isinstance(exc, VoiceAgentError) else "asr_failed"
             log.error("turn %d: speech recognition failed: %s: %s", turn_id, type(exc).__name__, exc,
@@ -89,19 +97,20 @@ async def asr_stage(
             text = ""
         await out.put(TranscriptFinal(turn_id, written(text), clock.now()))
 
-    async def announce(turn_id: int, early: asyncio.Future[str]) -> None:
+    async def announce(turn_id: int, early: asyncio.Future[Heard], speech_s: float, paused_at: float) -> None:
         """The transcript made at a pause, if it is ready while the pause lasts: a preemptive reply
-        can start on it."""
+        can start on it, and the end-of-turn decision weighs it."""
         with contextlib.suppress(Exception, asyncio.CancelledError):  # a failure is final()'s to report
-            text = await asyncio.shield(early)
-            if turn_id not in finalized and not early.cancelled() and text:
-                await out.put(TranscriptEarly(turn_id, written(text), clock.now()))
+            heard = await asyncio.shield(early)
+            if turn_id not in finalized and not early.cancelled() and heard.text:
+                await out.put(TranscriptEarly(turn_id, written(heard.text), clock.now(), speech_s, heard.avg_logprob,
+                                              heard.no_speech_prob, paused_at))
 
     async def read() -> None:
         chunks: list[np.ndarray] = []
         size = partial_at = 0
         partial_task: asyncio.Task[None] | None = None
-        early: asyncio.Future[str] | None = None  # the final transcript started at a pause
+        early: asyncio.Future[Heard] | None = None  # the final transcript started at a pause
         async for event in events:
             if isinstance(event, SpeechStarted):
                 chunks, size, partial_at, partial_task, early = [], 0, 0, None, None
@@ -116,8 +125,9 @@ async def asr_stage(
                     partial_at = size
                     partial_task = spawn(partial(event.turn_id, np.concatenate(chunks)))
             elif isinstance(event, SpeechPaused):
-                early = asyncio.ensure_future(worker.run(recognizer.transcribe, np.concatenate(chunks)))
-                spawn(announce(event.turn_id, early))
+                audio = np.concatenate(chunks)
+                early = asyncio.ensure_future(worker.run(scored, audio))
+                spawn(announce(event.turn_id, early, len(audio) / recognizer.sample_rate, event.at))
             elif isinstance(event, SpeechResumed):
                 if early is not None:
                     early.cancel()  # its result would miss what the caller is saying now

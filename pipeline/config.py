@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field, model_validator
 
 # Calls without tools. A prompt that said the agent can check and do nothing (bench/tool_calls.py
@@ -50,13 +52,21 @@ class EndpointingConfig(BaseModel):
     prefix_padding_ms: int = Field(300, ge=0, description="audio before the detected start given to ASR")
     max_turn_s: float = Field(30.0, gt=1, description="a turn longer than this is ended")
     early_final_ms: int = Field(
-        150, ge=0, description="a pause: after this much silence the end-of-turn evidence is gathered (the "
+        64, ge=0, description="a pause: after this much silence the end-of-turn evidence is gathered (the "
         "end-of-turn model is asked, the final transcript starts, and from it the LLM's end-of-sentence "
         "probability) and the turn may end (0: none of it; the turn ends after end_silence_ms)")
     # The decision at a pause (pipeline/turn_policy.py): the evidence fused in log-odds, and the silence
     # waited shrinking as the fused probability grows. Chosen with bench/turn_detection.py on hibari's and
     # espeak-ng's voices, each family judged apart (docs/bench/turn_detection.txt): the words alone came
     # out best on every family, the sound (Smart Turn) adding cut-offs on one family for speed on another.
+    decision: Literal["learned", "rule"] = Field(
+        "learned", description="learned: the probability that the caller has finished comes from the model in "
+        "decision_file (trained on the tuned voices' pauses by bench/turn_detection.py --train, with its own "
+        "patience curve: the settings below from audio_weight to max_patience_ms are then unused); rule: the "
+        "hand-set fusion below")
+    decision_file: str = Field(
+        "", description="the learned decision's file (empty: the one shipped, pipeline/turn_decision.json); a "
+        "missing or malformed file stops the server at start-up")
     text_signal: bool = Field(
         True, description="use the words: the LLM's probability that the caller's sentence ends with the words "
         "transcribed at the pause (the embedded engine; with llm.engine=openai, `without_words` decides)")
@@ -159,6 +169,10 @@ class SessionConfig(BaseModel):
     tts_trim: TrimConfig = Field(
         default_factory=lambda: TrimConfig(), description="the synthesizer's silence before and after each phrase "
         "is cut: the reply starts with sound, and phrases are apart by a pause chosen from their last mark")
+    take_back_ms: int = Field(
+        1000, ge=0, description="a reply the caller talks over (words that interrupt it) within this long of its "
+        "first audio is taken back: the turn had been ended too soon, so the reply leaves the history and what the "
+        "caller said before and after it is answered as one turn (0: an interruption always keeps what was heard)")
     apology: str = "Sorry, I'm having trouble answering right now. Could you say that again?"
     barge_in_max_hold_ms: int = Field(
         1500, ge=0, description="while the bot talks, a caller's sound pauses its audio; at the caller's first pause "

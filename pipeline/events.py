@@ -6,7 +6,7 @@ mono: 16 kHz on the input side, the output rate on the reply side.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from models.protocols import Audio, ChatMessage, GenerationStats
@@ -83,6 +83,10 @@ class TranscriptEarly:
     turn_id: int
     text: str
     at: float
+    speech_s: float = 0.0  # the audio the transcript was made of
+    avg_logprob: float | None = None  # the recognizer's confidence, where it gives one
+    no_speech_prob: float | None = None
+    paused_at: float | None = None  # when the pause was heard
 
 
 SpeechEvent = SpeechStarted | SpeechAudio | SpeechPaused | SpeechResumed | SpeechStopped
@@ -204,6 +208,8 @@ class ResponseDone:
     speech_end_at: float | None = None
     tool_calls: tuple[dict[str, Any], ...] = ()  # the reply's calls (ToolRun.as_dict), status "tool_calls"
     filler: bool = False  # the spoken filler while a slow tool ran, not an answer
+    endpointing_ms: dict[str, float] = field(default_factory=dict)  # the end-of-turn decision's own marks
+    taken_back: bool = False  # the caller went on at its start: not in the history, their words join the next turn
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ class TurnJudge:
         self.turn_id: int | None = None  # the turn whose pause is being judged, if any
         self._audio: asyncio.Future[float] | None = None
         self._text: float | None = None
+        self._words: str | None = None
+        self._asr_logprob: float | None = None
 
     @property
     def active(self) -> bool:
@@ -47,20 +49,23 @@ class TurnJudge:
         if self.audio_model is not None:
             self._audio = asyncio.ensure_future(self.worker.run(self.audio_model.probability, audio))
 
-    def words(self, turn_id: int, probability: float | None) -> None:
-        """The language model's probability that the caller's sentence ends with the words said up to
-        the pause of turn `turn_id` (ignored once that pause is over)."""
+    def words(self, turn_id: int, probability: float | None, words: str | None = None,
+              asr_logprob: float | None = None) -> None:
+        """The language model's probability that the caller's sentence ends with `words`, the
+        transcript of what was said up to the pause of turn `turn_id` (ignored once that pause is
+        over), and the recognizer's confidence in it."""
         if turn_id == self.turn_id and probability is not None:
-            self._text = probability
+            self._text, self._words, self._asr_logprob = probability, words, asr_logprob
 
     def clear(self) -> None:
         """The pause is over (the caller went on, or the turn ended)."""
         if self._audio is not None:
             self._audio.cancel()
-        self.turn_id, self._audio, self._text = None, None, None
+        self.turn_id, self._audio, self._text, self._words, self._asr_logprob = None, None, None, None, None
 
     def evidence(self) -> Evidence:
-        return Evidence(audio=self._audio_answer(), text=self._text)
+        return Evidence(audio=self._audio_answer(), text=self._text, words=self._words,
+                        asr_logprob=self._asr_logprob)
 
     def _audio_answer(self) -> float | None:
         """The model's probability once it has answered; None before, or if it failed (the pause is

@@ -22,6 +22,10 @@ the turn as soon as the silence so far is enough for it. Without any evidence ye
 
 The rule before this one ("end at the pause if p_audio >= 0.95, else after 1.5 s") is the special
 case audio_weight 1, text_weight 0, bias 0, sure = doubt = 0.95, max_patience_ms 1500.
+
+With `endpointing.decision` "learned" (the default) and the words coming, the probability is the
+learned model's instead (pipeline/turn_model.py: more of the evidence, weights and patience trained
+and chosen by bench/turn_detection.py --train), and the silence waited follows it the same way.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.config import EndpointingConfig
+from pipeline.turn_model import TurnModel, load_turn_model
 
 LOG_FLOOR = -12.0  # log p_text below this says no more: "the" never ends a question
 EDGE = 1e-4  # probabilities are clipped this far from 0 and 1 before their logit
@@ -42,10 +47,19 @@ class Evidence:
 
     audio: float | None = None
     text: float | None = None
+    words: str | None = None  # the transcript `text` was asked about, as the recognizer wrote it
+    asr_logprob: float | None = None  # the recognizer's mean token log-probability for it
 
     @property
     def empty(self) -> bool:
         return self.audio is None and self.text is None
+
+
+def check_decision(config: EndpointingConfig) -> None:
+    """Load the learned decision the settings name, so that a missing or malformed file stops the
+    server as it starts (a ConfigError), not at its first call."""
+    if config.decision == "learned" and config.text_signal:
+        load_turn_model(config.decision_file)
 
 
 def bare_words(text: str) -> str:
@@ -72,9 +86,15 @@ class Rule:
 class TurnPolicy:
     """`words`: whether the words' probability will come (else the `without_words` rule decides)."""
 
-    def __init__(self, config: EndpointingConfig, words: bool = True) -> None:
+    def __init__(self, config: EndpointingConfig, words: bool = True, model: TurnModel | None = None) -> None:
+        """`model`: the learned decision to use in place of config.decision_file's (the tuner's)."""
         self.max_patience_ms = config.max_patience_ms
-        if words and config.text_signal:
+        self.model: TurnModel | None = None
+        if words and config.text_signal and config.decision == "learned":
+            self.model = model or load_turn_model(config.decision_file)
+            self.max_patience_ms = self.model.max_patience_ms
+            self.rule = Rule(0.0, 0.0, 0.0, 0.0, self.model.sure_probability, self.model.doubt_probability)
+        elif words and config.text_signal:
             self.rule = Rule(config.audio_weight, config.text_weight, config.text_neutral, config.bias,
                              config.sure_probability, config.doubt_probability)
         else:
@@ -85,12 +105,16 @@ class TurnPolicy:
     @property
     def hears(self) -> bool:
         """Whether the end-of-turn model's answer counts (else it need not be asked)."""
+        if self.model is not None:
+            return self.model.hears
         return self.rule.audio_weight > 0
 
     def probability(self, evidence: Evidence) -> float | None:
         """The fused probability that the caller has finished, or None with no evidence."""
         if evidence.empty:
             return None
+        if self.model is not None:  # trained on pauses whose words had come: without them, no answer
+            return None if evidence.text is None else self.model.probability(evidence)
         rule = self.rule
         z = rule.bias
         if evidence.audio is not None:
@@ -104,6 +128,8 @@ class TurnPolicy:
         """How much silence this evidence asks for before the turn ends (from the pause's start)."""
         rule = self.rule
         p = self.probability(evidence)
+        if p is not None and self.model is not None:
+            return self.model.wait_ms(p)
         if p is None or p <= rule.doubt_probability:
             return float(self.max_patience_ms)
         if p >= rule.sure_probability:

@@ -23,6 +23,9 @@ class Turn:
     held_record: Any = None  # a tool-calls reply's ResponseDone, recorded only if no follow-up comes
     sent_samples: int = 0  # reply audio sent for this turn so far, by every reply to it (a filler, an answer)
     played_samples: int = 0  # the client's latest report of this turn's audio played (it counts per turn)
+    # the end-of-turn decision at the turn's last pause: when the pause was heard, the transcript made
+    # there was ready, and the words were weighed (clock times; each pause overwrites them)
+    endpointing: dict[str, float] = field(default_factory=dict)
 
     def mark(self, name: str, at: float) -> None:
         self.marks.setdefault(name, at)
@@ -33,6 +36,13 @@ class Turn:
             return {}
         return {name: round((self.marks[name] - end) * 1000, 1) for name in (*MARKS, *TOOL_MARKS)
                 if name in self.marks}
+
+    def endpointing_ms(self) -> dict[str, float]:
+        """The decision's marks as milliseconds since `speech_end` (negative: before the decision)."""
+        end = self.marks.get("speech_end")
+        if end is None:
+            return {}
+        return {name: round((at - end) * 1000, 1) for name, at in self.endpointing.items()}
 
     def voice_to_voice_ms(self) -> float | None:
         sent = self.marks.get("first_audio_sent")

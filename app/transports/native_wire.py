@@ -137,6 +137,8 @@ def event_json(event: OutEvent) -> dict[str, Any]:
         return {
             "type": "response.done", "turn_id": event.turn_id, "text": event.text, "status": event.status,
             "latency_ms": event.latency_ms, "voice_to_voice_ms": event.voice_to_voice_ms,
+            **({"endpointing_ms": event.endpointing_ms} if event.endpointing_ms else {}),
+            **({"taken_back": True} if event.taken_back else {}),
             "deadline_missed": event.deadline_missed, "underruns": event.underruns, "underrun_ms": event.underrun_ms,
             "preemptive": event.preemptive, "discarded": event.discarded, "discarded_words": event.discarded_words,
             "llm": event.stats.as_dict() if event.stats else {},

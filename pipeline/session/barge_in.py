@@ -9,6 +9,7 @@ import asyncio
 import functools
 import logging
 
+from pipeline.session.parts import Reply
 from pipeline.session.state import SessionState
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class BargeInMixin(SessionState):
         decide (a word that is not a backchannel interrupts; nothing or a backchannel lets the
         reply go on), or until it has lasted barge_in_max_hold_ms, which interrupts in any case."""
         self.reply_audio_open.clear()
+        if self.pending_barge != turn_id:
+            self.barge_began = self.clock.now()
         self.pending_barge = turn_id
         if self.barge_timer is not None:
             self.barge_timer.cancel()
@@ -60,14 +63,43 @@ class BargeInMixin(SessionState):
             await self._barge_in("sustained speech")
 
     async def _barge_in(self, why: str) -> None:
-        reply = self.reply
+        reply, began = self.reply, self.barge_began
         self._release_reply()
-        if reply is not None:
+        if reply is None:
+            return
+        if self._takes_back(reply, began):
+            log.info("turn %d: the caller went on as the reply began (%s): taken back, their words join the next "
+                     "turn", reply.turn.turn_id, why)
+            reply.taken_back = True
+            await self._cancel_reply("interrupted")
+            self._take_back(reply)
+        else:
             log.info("turn %d: barge-in (%s)", reply.turn.turn_id, why)
             await self._cancel_reply("interrupted")
 
+    def _takes_back(self, reply: Reply, began: float | None) -> bool:
+        """Whether the caller's speech that began at `began` went on from a turn ended too soon: it
+        came within session.take_back_ms of the reply's first audio (or before it), the reply
+        answers the caller's own words, and it made no tool call."""
+        if not self.takes_back or began is None or not reply.in_history or not reply.user_text:
+            return False
+        if reply.runs or reply.turn.tool_runs or reply.step > 1 or reply.fixed_text is not None:
+            return False  # a dispatched call's result stays in the history
+        first_audio = reply.turn.marks.get("first_audio_sent")
+        return first_audio is None or began - first_audio <= self.config.session.take_back_ms / 1000
+
+    def _take_back(self, reply: Reply) -> None:
+        """The reply and the words it answered leave the history; those words wait for the caller's
+        next ones (`held`), to be answered as one turn."""
+        turn_id = reply.turn.turn_id
+        for message in self.said.pop(turn_id, []):
+            self._replace_message(message, None)
+        self.finished.pop(turn_id, None)
+        self.held.insert(0, reply.user_text)
+
     def _release_reply(self) -> None:
         self.pending_barge = None
+        self.barge_began = None
         timer, self.barge_timer = self.barge_timer, None
         if timer is not None and timer is not asyncio.current_task():
             timer.cancel()

@@ -119,6 +119,7 @@ class Reply:
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # finished or cancelled
     kept_text: str | None = None  # what the history keeps of its words (set when it finishes)
     in_history: bool = True  # False: an out-of-band reply, which the history does not keep
+    taken_back: bool = False  # the caller went on at its start: it left the history (session.take_back_ms)
     speaks: bool = True  # False: a text reply (the Realtime API's output_modalities ["text"]): no TTS, no audio
 
 

@@ -260,6 +260,7 @@ class RepliesMixin(SessionState):
             preemptive=reply.preemptive, discarded=self.discarded, discarded_words=self.discarded_words,
             user_text=reply.user_text, generated_text=reply.ledger.full_text(), sent_text=reply.ledger.sent_text(),
             error=reply.error, dtmf=reply.turn.dtmf, speech_end_at=reply.turn.marks.get("speech_end"),
+            endpointing_ms=reply.turn.endpointing_ms(), taken_back=reply.taken_back,
             tool_calls=tuple(r.as_dict(reply.turn.marks.get("speech_end"))
                              for r in (reply.runs if reply.runs else reply.turn.tool_runs if reply.step > 1 else [])),
             filler=reply.fixed_text is not None,

@@ -44,6 +44,7 @@ from pipeline.session.parts import Reply
 from pipeline.session.playout import PlayoutMixin
 from pipeline.session.replies import RepliesMixin
 from pipeline.session.tool_calls import ToolCallsMixin
+from pipeline.transcript_trust import doubt
 from pipeline.turn_judge import TurnJudge
 from pipeline.turn_policy import TurnPolicy, bare_words
 from pipeline.turns import Turn
@@ -128,14 +129,14 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
                 if self._is_backchannel(event.text):
                     self._let_go(event.turn_id, event.text)
                     self.let_go.add(event.turn_id)  # until its final transcript, or until it goes on
-                else:
-                    await self._barge_in("a word")
-            elif (self.reply is None and self.pending_barge is None and event.turn_id == self.last_started
+                    return
+                await self._barge_in("a word")  # then, as at any pause, the words so far are weighed
+            if (self.reply is None and self.pending_barge is None and event.turn_id == self.last_started
                     and event.text.strip()):
                 if self.words_task is not None:
                     self.words_task.cancel()  # an earlier pause's, still weighing
                 words = " ".join([*self.held, event.text.strip()]).strip()
-                self.words_task = asyncio.create_task(self._weigh_words(event.turn_id, words))
+                self.words_task = asyncio.create_task(self._weigh_words(event.turn_id, words, event))
             return
         if isinstance(event, TranscriptFinal) and event.turn_id in self.let_go:
             self.let_go.discard(event.turn_id)
@@ -198,12 +199,16 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
         else:  # another reply began meanwhile (a client's response.create): this turn waits for it too
             await self._answer_after(self.reply, turn, text)
 
-    async def _weigh_words(self, turn_id: int, words: str) -> None:
+    async def _weigh_words(self, turn_id: int, words: str, heard: TranscriptEarly) -> None:
         """The caller paused, and their words so far are transcribed: the language model's
-        probability that their sentence ends there goes to the end-of-turn judge; then the reply
+        probability that their sentence ends there goes to the end-of-turn judge, unless the
+        transcript cannot be trusted as evidence (pipeline/transcript_trust.py); then the reply
         starts preemptively on those words (from the cache that computation left: one prefill)."""
         probability, judge = None, self.judge
-        if judge is not None and judge.expects_words:
+        untrusted = doubt(heard.text, heard.speech_s, heard.avg_logprob, heard.no_speech_prob)
+        if untrusted is not None:
+            log.info("turn %d: the transcript at the pause is no evidence of the turn's end: %s", turn_id, untrusted)
+        elif judge is not None and judge.expects_words:
             try:
                 asked = (*self._prompt(), ChatMessage("user", bare_words(words)))
                 probability = await self.conversation.end_of_turn(asked, self._tools(1))
@@ -211,8 +216,14 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
                 log.warning("turn %d: the LLM's end-of-turn probability failed: %s", turn_id, exc)
             if probability is not None:
                 log.debug("turn %d: P(end of sentence | %r) = %.3f", turn_id, words, probability)
-            judge.words(turn_id, probability)
-        turn = self.turns.get(turn_id) or Turn(turn_id)
+            judge.words(turn_id, probability, words, heard.avg_logprob)
+        turn = self.turns.get(turn_id)
+        if turn is None and judge is not None and judge.turn_id == turn_id:  # the pause still goes on
+            turn = self.turns[turn_id] = Turn(turn_id)
+        if turn is not None:  # the decision's marks, for the turn's record
+            turn.endpointing = {"pause_heard": heard.paused_at if heard.paused_at is not None else heard.at,
+                                "transcript_at_pause": heard.at, "words_weighed": self.clock.now()}
+        turn = turn or Turn(turn_id)
         if (self.config.session.preemptive and self.on_words is None and self.reply is None
                 and self.pending_barge is None
                 and turn_id == self.last_started and not self.closed and "asr_final" not in turn.marks):

@@ -75,6 +75,9 @@ class SessionState:
         # the last replies sent whole, by turn, with the message the history keeps for each (cut_heard)
         self.finished: dict[int, tuple[Reply, ChatMessage]] = {}
         self.speech_interrupts = True  # False: the caller's speech neither pauses nor stops a reply (it waits)
+        # True: a reply the caller talks over within session.take_back_ms of its start is taken back
+        # (out of the history, the caller's words before and after answered as one turn)
+        self.takes_back = config.session.take_back_ms > 0
         self.speaks = True  # replies are spoken; False: text only (no TTS), for the replies started from now
         self.turns: dict[int, Turn] = {}
         self.reply: Reply | None = None
@@ -86,6 +89,7 @@ class SessionState:
         self.reply_audio_open = asyncio.Event()
         self.reply_audio_open.set()
         self.pending_barge: int | None = None
+        self.barge_began: float | None = None  # when the caller's sound that paused the reply began
         self.barge_timer: asyncio.Task[None] | None = None
         self.held: list[str] = []  # final transcripts that came after the caller went on speaking
         self.let_go: set[int] = set()  # turns over the bot heard as backchannels, until their final transcript

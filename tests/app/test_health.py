@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import httpx
+import pytest
 from websockets.asyncio.client import connect
 
+from app.main import create_app
+from app.settings import Settings
+from app.store.config import StorageConfig
+from pipeline.config import EndpointingConfig
+from pipeline.session import Backends
 from tests.app.live import fake_app, live
+from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad
 
 START = json.dumps({"type": "session.start", "audio": {"sample_rate": 16000}})
 
@@ -65,3 +73,20 @@ async def test_a_replica_whose_models_failed_to_load_is_not_alive() -> None:
         assert status == 503 and body["status"] == "failed" and "checksum" in str(body["error"])
         status, body = probe(address, "/readyz")
         assert status == 503 and body["status"] == "not_ready" and "checksum" in str(body["reason"])
+
+
+def test_a_missing_end_of_turn_decision_file_stops_the_server_as_it_starts(tmp_path: Path) -> None:
+    """A decision file that is not there (or not usable) is a start-up error that says what to do,
+    before any model is loaded or any call is taken."""
+    from core.errors import ConfigError
+    from pipeline.turn_model import load_turn_model
+
+    missing = str(tmp_path / "nope.json")
+    settings = Settings(storage=StorageConfig(enabled=False), endpointing=EndpointingConfig(decision_file=missing))
+    backends = Backends(FakeVad(), FakeRecognizer([]), FakeSynthesizer(), FakeLLM([]))  # type: ignore[arg-type]
+    load_turn_model.cache_clear()
+    with pytest.raises(ConfigError, match=r"endpointing\.decision_file") as caught:
+        create_app(settings, backends=backends)
+    assert missing in str(caught.value)
+    rule = settings.model_copy(update={"endpointing": EndpointingConfig(decision="rule", decision_file=missing)})
+    assert create_app(rule, backends=backends) is not None  # the hand-set rule needs no file

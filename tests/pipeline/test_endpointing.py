@@ -11,6 +11,7 @@ from pipeline.config import EndpointingConfig, SoundAlone
 from pipeline.endpointing import Endpointer, vad_stage
 from pipeline.events import AudioFrame, SpeechAudio, SpeechPaused, SpeechStarted, SpeechStopped
 from pipeline.turn_judge import TurnJudge
+from pipeline.turn_model import TurnModel, load_turn_model
 from pipeline.turn_policy import Evidence, TurnPolicy
 
 WINDOW_MS = 32.0
@@ -152,7 +153,8 @@ class FakeTurnModel:
 SOUND_RULE = SoundAlone(audio_weight=1.0, bias=0.0, sure_probability=0.95, doubt_probability=0.95)
 
 
-async def stop_after(answer: float, gap_s: float = 0.0, words: float | None = None,
+async def stop_after(answer: float, gap_s: float = 0.0, words: float | None = None, said: str = "Is it open?",
+                     model_file: TurnModel | None = None,
                      **settings: Any) -> tuple[SpeechStopped, FakeTurnModel, list[object]]:
     """One second of speech (a second burst after `gap_s` of silence, if given), then silence. With
     `words`, the session's part is played too: at each pause, the words' probability is handed to
@@ -175,14 +177,14 @@ async def stop_after(answer: float, gap_s: float = 0.0, words: float | None = No
             if judge.turn_id is not None:
                 paused_at.append(paused_at[-1] if paused_at else clock.now())
                 if words is not None and clock.now() - paused_at[0] >= 0.3:
-                    judge.words(judge.turn_id, words)
+                    judge.words(judge.turn_id, words, said)
             else:
                 paused_at.clear()
             yield AudioFrame(audio[i:i + 320], clock.now())
 
-    cfg = EndpointingConfig(**{"min_speech_ms": 96, "end_silence_ms": 480, "early_final_ms": 192,
+    cfg = EndpointingConfig(**{"min_speech_ms": 96, "end_silence_ms": 480, "early_final_ms": 192, "decision": "rule",
                                "max_patience_ms": 960, "without_words": SOUND_RULE, **settings})
-    judge = TurnJudge(TurnPolicy(cfg, words is not None), model, turn_worker, words=words is not None)
+    judge = TurnJudge(TurnPolicy(cfg, words is not None, model_file), model, turn_worker, words=words is not None)
     events = [e async for e in vad_stage(frames(), ScriptedVad(), worker, cfg, clock, judge=judge)]
     worker.shutdown()
     turn_worker.shutdown()
@@ -222,12 +224,13 @@ async def test_the_words_end_a_turn_the_sound_left_in_doubt() -> None:
 
 
 def test_the_policy_is_today_s_rule_at_its_defaults_and_grades_patience_otherwise() -> None:
-    today = TurnPolicy(EndpointingConfig(audio_weight=1.0, text_weight=0.0, bias=0.0, sure_probability=0.95,
-                                         doubt_probability=0.95, max_patience_ms=1500))
+    today = TurnPolicy(EndpointingConfig(decision="rule", audio_weight=1.0, text_weight=0.0, bias=0.0,
+                                         sure_probability=0.95, doubt_probability=0.95, max_patience_ms=1500))
     assert today.wait_ms(Evidence(audio=0.96)) == 0 and today.wait_ms(Evidence(audio=0.94)) == 1500
     assert today.wait_ms(Evidence(audio=0.94, text=1.0)) == 1500  # the words weigh nothing there
-    graded = TurnPolicy(EndpointingConfig(audio_weight=1.0, bias=0.0, text_weight=1.0, text_neutral=-2.0,
-                                          sure_probability=0.9, doubt_probability=0.1, max_patience_ms=1000))
+    graded = TurnPolicy(EndpointingConfig(decision="rule", audio_weight=1.0, bias=0.0, text_weight=1.0,
+                                          text_neutral=-2.0, sure_probability=0.9, doubt_probability=0.1,
+                                          max_patience_ms=1000))
     assert graded.wait_ms(Evidence()) == 1000  # nothing known yet: the whole patience
     assert graded.wait_ms(Evidence(audio=0.5)) == pytest.approx(500)  # halfway between the marks
     assert graded.probability(Evidence(audio=0.5, text=math.exp(-2.0))) == pytest.approx(0.5)  # neutral words
@@ -235,15 +238,35 @@ def test_the_policy_is_today_s_rule_at_its_defaults_and_grades_patience_otherwis
     assert graded.wait_ms(Evidence(audio=0.5, text=0.95)) < graded.wait_ms(Evidence(audio=0.5))  # a "?": sooner
 
 
-async def test_at_the_defaults_the_words_decide_and_the_sound_is_not_asked() -> None:
-    """The defaults weigh the words alone (bench/turn_detection.py chose so): the end-of-turn model is
-    not run, and sure words end the turn once they are in."""
+async def test_at_the_defaults_the_learned_decision_weighs_the_words_and_the_sound_is_not_asked() -> None:
+    """The defaults: the learned decision (pipeline/turn_decision.json) over the words; the end-of-turn
+    model is not run, sure words end the turn once they are in, and unlikely ones wait it out."""
     defaults = EndpointingConfig()
-    assert TurnPolicy(defaults).hears is False and TurnPolicy(defaults, words=False).hears is True
-    stopped, model, _ = await stop_after(0.99, words=0.97, without_words=defaults.without_words)
+    shipped = load_turn_model()
+    assert TurnPolicy(defaults).hears is shipped.hears is False and TurnPolicy(defaults, words=False).hears is True
+    learned = {"decision": "learned", "max_patience_ms": shipped.max_patience_ms}
+    said = "What time does the pharmacy close?"
+    stopped, model, _ = await stop_after(0.99, words=0.97, said=said, without_words=defaults.without_words, **learned)
     assert model.heard == []
-    assert stopped.turn_probability is not None
-    assert 0.192 + 0.3 <= stopped.at - stopped.ended_at < 0.96  # after the words, before the patience
+    p = shipped.probability(Evidence(text=0.97, words=said))
+    assert stopped.turn_probability == pytest.approx(p)
+    # once the words are in (the pause, then 300 ms) and the silence is what their probability asks for
+    waited_s = max(0.192 + 0.3, shipped.wait_ms(p) / 1000)
+    assert stopped.at - stopped.ended_at == pytest.approx(waited_s, abs=0.07)
+    assert waited_s < shipped.max_patience_ms / 1000 - 0.3
+    waited, _, _ = await stop_after(0.99, words=1e-6, said="What time does the", gap_s=1.0,
+                                    without_words=defaults.without_words, **learned)
+    assert waited.audio_ms == pytest.approx(3500, abs=32)  # the 1 s pause after "the" was waited out
+    assert waited.at - waited.ended_at == pytest.approx(shipped.max_patience_ms / 1000, abs=0.06)
+
+
+async def test_a_learned_decision_ends_a_likely_turn_at_once_and_waits_on_an_unlikely_one() -> None:
+    model = TurnModel({"bias": 3.0, "log_p_words": 2.0}, 0.8, 0.2, 960, "a test")
+    sure, _, _ = await stop_after(0.5, words=0.99, said="Thank you.", model_file=model, decision="learned")
+    assert 0.192 + 0.3 <= sure.at - sure.ended_at < 0.6  # p = sigmoid(3 + 2 log 0.99) = 0.95: at once
+    unsure, _, _ = await stop_after(0.5, words=0.01, said="I want to", model_file=model, decision="learned")
+    # p = sigmoid(3 + 2 log 0.01) = 0.002: the whole patience
+    assert unsure.at - unsure.ended_at == pytest.approx(0.96, abs=0.06)
 
 
 def test_without_words_the_sound_alone_decides_by_its_own_rule() -> None:

@@ -41,12 +41,13 @@ STORY = ("Once upon a time, a little dragon lived in a cave by the sea. Every mo
          "waves. One day she found a lost ship and guided it home. The sailors cheered and sang for her.")
 
 
-def make_session(llm: FakeLLM, finals: list[str]) -> tuple[Session, RecordingOutbound]:
+def make_session(llm: FakeLLM, finals: list[str], take_back_ms: int = 0) -> tuple[Session, RecordingOutbound]:
+    """A session on fakes; `take_back_ms` 0: an interruption at a reply's start is a barge-in like any."""
     backends = Backends(FakeVad(), FakeRecognizer(finals), FakeSynthesizer(), llm)
     config = PipelineConfig(
         EndpointingConfig(min_speech_ms=64, end_silence_ms=256, prefix_padding_ms=100),
-        AsrStageConfig(partials=False), ChunkerConfig(), SessionConfig(output_lead_ms=0, output_chunk_ms=20),
-        SamplingParams(),
+        AsrStageConfig(partials=False), ChunkerConfig(),
+        SessionConfig(output_lead_ms=0, output_chunk_ms=20, take_back_ms=take_back_ms), SamplingParams(),
     )
     out = RecordingOutbound()
     return Session(backends, config, DistantClock(), out, output_rate=8000, system_prompt="Be kind."), out
@@ -106,6 +107,35 @@ async def test_barge_in_stops_audio_and_history_keeps_only_what_was_sent() -> No
     assert second_request[2].content == first.text  # only what was sent
     assert second_request[3].content == "Stop."
     assert any(isinstance(e, TranscriptFinal) and e.text == "Stop." for e in out.events)
+    await session.audio_in.put(None)
+    await task
+
+
+@pytest.mark.parametrize("take_back_ms", [1000, 0])
+async def test_a_reply_the_caller_talks_over_at_its_start_is_taken_back_and_the_words_answered_as_one(
+        take_back_ms: int) -> None:
+    """The turn was ended at a pause mid-sentence ("Book me a table for" | "two at eight."): the
+    caller goes on as the reply starts. Within take_back_ms of its first audio the reply leaves the
+    history and both parts are answered as one turn; with 0, it is a barge-in that keeps what was
+    heard and answers the rest alone."""
+    llm = FakeLLM([STORY, "Booked for two at eight."])
+    session, out = make_session(llm, ["Book me a table for", "two at eight."], take_back_ms=take_back_ms)
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.4, False)
+    await out.wait(lambda: sum(len(a) for a in out.audio) >= 2 * 8000 * 0.2)  # 0.2 s of the reply went out
+    await speak(session, 0.3, True)
+    await out.wait(lambda: done_events(out))
+    first = done_events(out)[0]
+    assert first.status == "interrupted" and first.taken_back is (take_back_ms > 0)
+    await speak(session, 0.4, False)
+    await out.wait(lambda: len(done_events(out)) == 2)
+    asked = [(m.role, m.content) for m in llm.requests[1][1:]]
+    if take_back_ms:
+        assert asked == [("user", "Book me a table for two at eight.")]
+    else:
+        assert asked == [("user", "Book me a table for"), ("assistant", first.text), ("user", "two at eight.")]
+    assert [(m.role, m.content) for m in session.history[1:]] == [*asked, ("assistant", "Booked for two at eight.")]
     await session.audio_in.put(None)
     await task
 
@@ -671,7 +701,8 @@ async def test_a_failed_reply_tells_the_caller_its_code_not_the_exception_text()
 def judged_session(llm: FakeLLM, finals: list[str]) -> tuple[Session, RecordingOutbound]:
     """No end-of-turn model: the words alone decide (weighted in, a 2 s patience without them)."""
     session, out = make_session(llm, finals)
-    endpointing = EndpointingConfig(min_speech_ms=64, early_final_ms=192, prefix_padding_ms=100, text_weight=1.0,
+    endpointing = EndpointingConfig(decision="rule", min_speech_ms=64, early_final_ms=192, prefix_padding_ms=100,
+                                    text_weight=1.0,
                                     text_neutral=-4.0, sure_probability=0.9, doubt_probability=0.2,
                                     max_patience_ms=2000)
     session.config = replace(session.config, endpointing=endpointing)
@@ -709,6 +740,21 @@ async def test_the_words_probability_from_the_llm_ends_the_turn_or_asks_for_pati
         assert stop.turn_probability is None
     await out.wait(lambda: done_events(out))
     assert done_events(out)[0].text == "Booked."
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_a_transcript_that_repeats_itself_is_no_evidence_of_the_turn_s_end() -> None:
+    """Whisper guessing at a pause ("Could you remind me too?" twice) would get 0.99 from the LLM: the
+    session does not ask, and the pause is judged without words (the whole patience)."""
+    llm = FakeLLM(["Sure."])
+    llm.end_of_turn = lambda words: 0.99
+    session, out = judged_session(llm, ["Could you remind me too? Could you remind me too?"])
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    stop = await pause_with_words(session, out)
+    assert llm.asked_end_of_turn == []
+    assert stop.turn_probability is None
     await session.audio_in.put(None)
     await task
 

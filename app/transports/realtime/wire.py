@@ -471,6 +471,7 @@ class RealtimeWire:
         session.speaks = outbound.speaks = settings.speaks
         session.on_words = None if settings.answers_turns else self._heard
         session.speech_interrupts = settings.interrupts
+        session.takes_back = False  # the client holds the conversation's items: a reply is never taken back
         self.idle.timeout_s = settings.idle_timeout_s
 
     def _start(self) -> None:

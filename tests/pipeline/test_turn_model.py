@@ -1,0 +1,96 @@
+"""The learned end-of-turn decision: its file, its loading and fallbacks, and how the policy uses it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from core.errors import ConfigError
+from pipeline.config import EndpointingConfig
+from pipeline.turn_model import FEATURES, FORMAT, SHIPPED, TurnModel, features, load_turn_model
+from pipeline.turn_policy import Evidence, TurnPolicy
+
+
+def _write(path: Path, data: object) -> str:
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    load_turn_model.cache_clear()
+    return str(path)
+
+
+GOOD = {"format": FORMAT, "weights": {"bias": -1.0, "log_p_words": 1.0, "log_p_words_above_-1.5": 2.0},
+        "sure_probability": 0.8, "doubt_probability": 0.1, "max_patience_ms": 1200, "trained_on": "a test"}
+
+
+def test_the_shipped_decision_loads_and_trusts_a_likelier_end_more() -> None:
+    model = load_turn_model()
+    assert set(model.weights) <= set(FEATURES)
+    assert 0 < model.doubt_probability <= model.sure_probability < 1 and model.max_patience_ms >= 1200
+    words = "What time does the pharmacy close?"
+    probabilities = [model.probability(Evidence(text=p, words=words)) for p in (1e-9, 1e-4, 0.01, 0.1, 0.3, 0.6, 0.95)]
+    assert probabilities == sorted(probabilities)
+    assert probabilities[0] < model.doubt_probability  # "what time does the": the whole patience
+    assert model.trained_on  # it says what it was trained on
+
+
+def test_a_decision_file_is_read_with_its_patience(tmp_path: Path) -> None:
+    policy = TurnPolicy(EndpointingConfig(decision_file=_write(tmp_path / "d.json", GOOD)))
+    assert policy.model is not None and policy.max_patience_ms == 1200
+    assert policy.wait_ms(Evidence()) == 1200  # nothing known: the whole patience
+    assert policy.wait_ms(Evidence(audio=0.99)) == 1200  # the sound alone is not what it was trained on
+    sure = policy.wait_ms(Evidence(text=0.9, words="Thank you."))
+    assert sure == 0  # z = -1 + log 0.9 + 2 (log 0.9 + 1.5) = 1.69: p 0.84 >= 0.8
+    assert policy.wait_ms(Evidence(text=1e-6, words="What time does the")) == 1200
+    middle = policy.wait_ms(Evidence(text=math.exp(-1.5), words="Book it"))  # z = -2.5: p 0.076 < doubt
+    assert middle == 1200
+    assert policy.hears is False  # no weight on the sound: the end-of-turn model is not run
+
+
+def test_the_rule_is_still_there_by_name() -> None:
+    policy = TurnPolicy(EndpointingConfig(decision="rule"))
+    assert policy.model is None and policy.max_patience_ms == EndpointingConfig().max_patience_ms
+    assert TurnPolicy(EndpointingConfig(), words=False).model is None  # without words: the sound's own rule
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    (None, "cannot read"),
+    ("{not json", "is not JSON"),
+    ({**GOOD, "format": "something/else"}, "format"),
+    ({**GOOD, "weights": {"bias": 1.0, "shoe_size": 2.0}}, "unknown features"),
+    ({**GOOD, "weights": {"bias": "NaN"}}, "finite"),
+    ({**GOOD, "sure_probability": 0.1, "doubt_probability": 0.5}, "doubt_probability <= sure_probability"),
+    ({k: v for k, v in GOOD.items() if k != "max_patience_ms"}, "max_patience_ms"),
+    ([1, 2, 3], "format"),
+])
+def test_a_missing_or_broken_decision_file_is_a_clear_start_up_error(tmp_path: Path, content: object,
+                                                                        says: str) -> None:
+    path = tmp_path / "decision.json"
+    where = str(path) if content is None else _write(path, content)
+    with pytest.raises(ConfigError) as caught:
+        TurnPolicy(EndpointingConfig(decision_file=where))
+    message = str(caught.value)
+    assert says in message and where in message
+    assert "endpointing.decision_file" in message  # and what to do about it
+
+
+def test_features_read_the_transcript_s_end_and_the_recognizer_s_confidence() -> None:
+    asked = features(Evidence(text=0.5, words="Can you book me a table for...", asr_logprob=-0.4))
+    assert asked["ends_open"] == 1 and asked["ends_question"] == 0 and asked["asr_logprob"] == -0.4
+    assert features(Evidence(text=0.5, words="Is it open?"))["ends_question"] == 1
+    assert features(Evidence(text=0.5, words="Cancel it."))["ends_period"] == 1
+    assert features(Evidence(audio=0.5))["words"] == 0 and features(Evidence(audio=0.5))["sound"] == 1
+    assert features(Evidence(text=1e-40))["log_p_words"] == -12  # clipped
+
+
+def test_a_model_round_trips_through_its_file(tmp_path: Path) -> None:
+    model = TurnModel({"bias": 0.5, "log_p_words": 1.0}, 0.8, 0.2, 1500, "a test")
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(model.to_json()))
+    load_turn_model.cache_clear()
+    assert load_turn_model(str(path)) == model
+
+
+def test_the_shipped_file_is_where_the_settings_say() -> None:
+    assert SHIPPED.is_file() and EndpointingConfig().decision_file == "" and EndpointingConfig().decision == "learned"
