@@ -374,7 +374,8 @@ def main() -> None:
     methods.append(learned)
     if args.early_final_ms != ISSUE_9_EARLY_FINAL_MS:
         print(f"  (audio, issue 9 keeps early_final_ms {today.early_final_ms}: its pauses are those of a different "
-              f"VAD silence than this run's {args.early_final_ms} ms; compare it only from a run at the default)")
+              f"VAD silence than this run's {args.early_final_ms} ms; compare it only from a run with "
+              f"--early-final-ms {ISSUE_9_EARLY_FINAL_MS})")
 
     table: dict[str, dict[str, Any]] = {}
     groups = [("TUNED (hibari, espeak)", tuned), ("HELD OUT (all)", held)]

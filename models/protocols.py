@@ -63,12 +63,6 @@ class Heard:
     no_speech_prob: float | None = None
 
 
-class ScoredRecognizer(SpeechRecognizer, Protocol):
-    def transcribe_scored(self, audio: Audio, beam_size: int | None = None) -> Heard:
-        """As `transcribe`, with the recognizer's confidence."""
-        ...
-
-
 class Synthesizer(Protocol):
     name: str
     sample_rate: int

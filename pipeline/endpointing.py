@@ -55,10 +55,14 @@ class Endpointer:
     after `max_patience_ms`, the patience for a caller who stopped mid-sentence.
     """
 
-    def __init__(self, config: EndpointingConfig, window_ms: float, judged: bool = False) -> None:
+    def __init__(self, config: EndpointingConfig, window_ms: float, judged: bool = False,
+                 patience_ms: int | None = None) -> None:
+        """`patience_ms`: the longest pause waited out when judged (default config.max_patience_ms;
+        a learned decision brings its own)."""
         self.config = config
         self.window_ms = window_ms
-        self.end_silence_ms = config.max_patience_ms if judged else config.end_silence_ms
+        patience = config.max_patience_ms if patience_ms is None else patience_ms
+        self.end_silence_ms = patience if judged else config.end_silence_ms
         self.pauses = 0  # pauses so far: tells whether a model's answer is about the pause still going on
         self.neg_threshold = (
             config.neg_threshold if config.neg_threshold is not None else max(0.01, config.threshold - 0.15)
@@ -137,7 +141,8 @@ async def vad_stage(
     which numbers its keypad turns from the same counter), or from 1."""
     window_ms = 1000.0 * window_samples / sample_rate
     judged = judge is not None and judge.active and config.early_final_ms > 0
-    endpointer = Endpointer(config, window_ms, judged=judged)
+    endpointer = Endpointer(config, window_ms, judged=judged,
+                            patience_ms=int(judge.policy.max_patience_ms) if judge is not None else None)
     # Audio kept from before a detected start: the padding plus the speech that confirmed it.
     keep = int(sample_rate * (config.prefix_padding_ms + config.min_speech_ms) / 1000) + window_samples
     history: deque[np.ndarray] = deque()

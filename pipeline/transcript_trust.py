@@ -16,6 +16,7 @@ MAX_WORDS_PER_S = 6.0  # read speech runs 2.5-4 words a second; a transcript pas
 MIN_AVG_LOGPROB = -1.0  # faster-whisper's own log_prob_threshold: below it, Whisper retries at a temperature
 MAX_NO_SPEECH = 0.6  # faster-whisper's no_speech_threshold
 MIN_SPEECH_S = 1.0  # the words-per-second test needs this much audio
+MIN_REPEAT_WORDS = 3
 
 _DIGITS = frozenset(["zero", "oh", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"])
 
@@ -25,13 +26,11 @@ def _words(text: str) -> list[str]:
 
 
 def repeats_itself(text: str) -> bool:
-    """A run of two or more words said twice in a row, or one word (not a digit) three times."""
+    """A run of three or more words said twice in a row (Whisper looping: "Thank you very much.
+    Thank you very much."); shorter repeats are how people talk ("no no no", "thank you, thank
+    you") and digits repeat in numbers."""
     words = _words(text)
-    for i in range(len(words) - 2):
-        w = words[i]
-        if w == words[i + 1] == words[i + 2] and w not in _DIGITS and not w.isdigit():
-            return True
-    for n in range(2, len(words) // 2 + 1):
+    for n in range(MIN_REPEAT_WORDS, len(words) // 2 + 1):
         for i in range(len(words) - 2 * n + 1):
             if words[i:i + n] == words[i + n:i + 2 * n] and not all(w in _DIGITS or w.isdigit()
                                                                     for w in words[i:i + n]):

@@ -38,6 +38,7 @@ FORMAT = "voice-agent-turn-decision/1"
 LOG_FLOOR = -12.0
 KNEES = (-6.0, -3.0, -1.5, -0.75)
 EDGE = 1e-4
+ASR_LOGPROB_UNKNOWN = -0.27  # a recognizer that gives no confidence: the median pause transcript's (faster-whisper)
 
 FEATURES = (
     "bias", "words", "log_p_words", *(f"log_p_words_above_{k:g}" for k in KNEES),
@@ -62,8 +63,8 @@ def features(evidence: Evidence) -> dict[str, float]:
             f["ends_question"] = 1.0
         else:
             f["ends_period"] = 1.0
-        if evidence.asr_logprob is not None:
-            f["asr_logprob"] = max(-3.0, min(0.0, evidence.asr_logprob))
+        confidence = ASR_LOGPROB_UNKNOWN if evidence.asr_logprob is None else evidence.asr_logprob
+        f["asr_logprob"] = max(-3.0, min(0.0, confidence))
     if evidence.audio is not None:
         p = min(1.0 - EDGE, max(EDGE, evidence.audio))
         f["sound"] = 1.0

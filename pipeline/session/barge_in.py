@@ -1,7 +1,9 @@
 """Barge-in: the caller's sound while the bot talks pauses its audio until it is known what it
 is. A word that is not a backchannel (at the caller's first pause, or at the end of the sound)
 interrupts the reply, a cough or an "mm-hmm" lets it go on, and speech that lasts
-`session.barge_in_max_hold_ms` interrupts it in any case."""
+`session.barge_in_max_hold_ms` interrupts it in any case. Speech that interrupts a reply within
+`session.take_back_ms` of its first audio take it back: the turn had been ended too soon, so the
+reply and the words it answered leave the history, and those words join the caller's next ones."""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ class BargeInMixin(SessionState):
         decide (a word that is not a backchannel interrupts; nothing or a backchannel lets the
         reply go on), or until it has lasted barge_in_max_hold_ms, which interrupts in any case."""
         self.reply_audio_open.clear()
-        if self.pending_barge != turn_id:
+        if self.pending_barge is None:
             self.barge_began = self.clock.now()
         self.pending_barge = turn_id
         if self.barge_timer is not None:
@@ -67,12 +69,11 @@ class BargeInMixin(SessionState):
         self._release_reply()
         if reply is None:
             return
-        if self._takes_back(reply, began):
-            log.info("turn %d: the caller went on as the reply began (%s): taken back, their words join the next "
-                     "turn", reply.turn.turn_id, why)
-            reply.taken_back = True
+        if why != "a key press" and self._takes_back(reply, began):
+            log.info("turn %d: the caller went on as the reply began: taken back, their words join the next turn",
+                     reply.turn.turn_id)
+            self._take_back(reply)  # before any await: the caller's next words must find the history as it will be
             await self._cancel_reply("interrupted")
-            self._take_back(reply)
         else:
             log.info("turn %d: barge-in (%s)", reply.turn.turn_id, why)
             await self._cancel_reply("interrupted")
@@ -80,8 +81,8 @@ class BargeInMixin(SessionState):
     def _takes_back(self, reply: Reply, began: float | None) -> bool:
         """Whether the caller's speech that began at `began` went on from a turn ended too soon: it
         came within session.take_back_ms of the reply's first audio (or before it), the reply
-        answers the caller's own words, and it made no tool call."""
-        if not self.takes_back or began is None or not reply.in_history or not reply.user_text:
+        answers the caller's own spoken words (not keys), and it made no tool call."""
+        if not self.takes_back or began is None or not reply.in_history or not reply.user_text or reply.turn.dtmf:
             return False
         if reply.runs or reply.turn.tool_runs or reply.step > 1 or reply.fixed_text is not None:
             return False  # a dispatched call's result stays in the history
@@ -89,13 +90,16 @@ class BargeInMixin(SessionState):
         return first_audio is None or began - first_audio <= self.config.session.take_back_ms / 1000
 
     def _take_back(self, reply: Reply) -> None:
-        """The reply and the words it answered leave the history; those words wait for the caller's
-        next ones (`held`), to be answered as one turn."""
+        """The reply (which the history will not keep when it finishes) and the words it answered
+        leave the history; those words wait for the caller's next ones (`held`), to be answered as
+        one turn."""
+        reply.taken_back = True
         turn_id = reply.turn.turn_id
+        said = [m.content for m in self.said.get(turn_id, []) if m.role == "user" and m.content]
         for message in self.said.pop(turn_id, []):
             self._replace_message(message, None)
         self.finished.pop(turn_id, None)
-        self.held.insert(0, reply.user_text)
+        self.held[:0] = said or [reply.user_text]
 
     def _release_reply(self) -> None:
         self.pending_barge = None

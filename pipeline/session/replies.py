@@ -245,7 +245,8 @@ class RepliesMixin(SessionState):
         else:  # no word from the client: what was sent, paced to playback, is the best estimate
             text = reply.ledger.sent_text()
         reply.kept_text = text
-        if text and not reply.runs and reply.fixed_text is None and reply.in_history:  # calls': see _after_tools
+        if (text and not reply.runs and reply.fixed_text is None and reply.in_history
+                and not reply.taken_back):  # calls': see _after_tools
             message = ChatMessage("assistant", text)
             self._keep(reply.turn.turn_id, message)
             if reply.speaks:  # a client may yet say it stopped playing it short (cut_heard)

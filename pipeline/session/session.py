@@ -114,6 +114,8 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
             await self.outbound.send_event(event)
             return
         if isinstance(event, SpeechResumed):
+            if (resumed := self.turns.get(event.turn_id)) is not None:
+                resumed.endpointing = {}  # that pause did not end the turn
             reply = self.reply
             if reply is not None and reply.preemptive and not reply.confirmed.is_set():
                 await self._discard_preemptive(reply, "the caller went on")
@@ -199,13 +201,13 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
         else:  # another reply began meanwhile (a client's response.create): this turn waits for it too
             await self._answer_after(self.reply, turn, text)
 
-    async def _weigh_words(self, turn_id: int, words: str, heard: TranscriptEarly) -> None:
+    async def _weigh_words(self, turn_id: int, words: str, early: TranscriptEarly) -> None:
         """The caller paused, and their words so far are transcribed: the language model's
         probability that their sentence ends there goes to the end-of-turn judge, unless the
         transcript cannot be trusted as evidence (pipeline/transcript_trust.py); then the reply
         starts preemptively on those words (from the cache that computation left: one prefill)."""
         probability, judge = None, self.judge
-        untrusted = doubt(heard.text, heard.speech_s, heard.avg_logprob, heard.no_speech_prob)
+        untrusted = doubt(early.text, early.speech_s, early.avg_logprob, early.no_speech_prob)
         if untrusted is not None:
             log.info("turn %d: the transcript at the pause is no evidence of the turn's end: %s", turn_id, untrusted)
         elif judge is not None and judge.expects_words:
@@ -216,14 +218,20 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
                 log.warning("turn %d: the LLM's end-of-turn probability failed: %s", turn_id, exc)
             if probability is not None:
                 log.debug("turn %d: P(end of sentence | %r) = %.3f", turn_id, words, probability)
-            judge.words(turn_id, probability, words, heard.avg_logprob)
+            judge.words(turn_id, probability, words, early.avg_logprob)
+        # the pause still goes on (a judge that gathers nothing does not follow pauses)
+        pausing = judge is None or not judge.active or judge.turn_id == turn_id
         turn = self.turns.get(turn_id)
-        if turn is None and judge is not None and judge.turn_id == turn_id:  # the pause still goes on
+        if turn is None and pausing:
             turn = self.turns[turn_id] = Turn(turn_id)
-        if turn is not None:  # the decision's marks, for the turn's record
-            turn.endpointing = {"pause_heard": heard.paused_at if heard.paused_at is not None else heard.at,
-                                "transcript_at_pause": heard.at, "words_weighed": self.clock.now()}
+        if turn is not None and (pausing or "speech_end" in turn.marks):  # the decision's marks, for its record
+            turn.endpointing = {"pause_heard": early.paused_at if early.paused_at is not None else early.at,
+                                "transcript_at_pause": early.at}
+            if probability is not None:
+                turn.endpointing["words_weighed"] = self.clock.now()
         turn = turn or Turn(turn_id)
+        if not pausing and "speech_end" not in turn.marks:
+            return  # the caller went on while the words were weighed: the next pause starts again
         if (self.config.session.preemptive and self.on_words is None and self.reply is None
                 and self.pending_barge is None
                 and turn_id == self.last_started and not self.closed and "asr_final" not in turn.marks):

@@ -91,7 +91,9 @@ class SessionState:
         self.pending_barge: int | None = None
         self.barge_began: float | None = None  # when the caller's sound that paused the reply began
         self.barge_timer: asyncio.Task[None] | None = None
-        self.held: list[str] = []  # final transcripts that came after the caller went on speaking
+        # the caller's words waiting to be answered with their next ones: final transcripts that came
+        # after they went on speaking, and the words of a reply taken back (session.take_back_ms)
+        self.held: list[str] = []
         self.let_go: set[int] = set()  # turns over the bot heard as backchannels, until their final transcript
         self.discarded = 0  # preemptive replies dropped since the last reply was sent
         self.discarded_words = 0

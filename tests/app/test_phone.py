@@ -124,7 +124,7 @@ async def test_echoed_marks_keep_the_heard_words_and_a_barge_in_clears_the_rest(
     barge-in), `clear` follows the turn's end, and the marks it returns count for nothing."""
     llm = FakeLLM([STORY, "Okay."])
     line = Line()
-    rt = phone_runtime(llm, ["Tell me a story.", "Stop."], output_lead_ms=1500)
+    rt = phone_runtime(llm, ["Tell me a story.", "Stop."], output_lead_ms=1500, take_back_ms=0)  # a barge-in as such
     call = phone_call(line.socket, rt, TWILIO)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
     line.start(rt)

@@ -21,7 +21,8 @@ def _write(path: Path, data: object) -> str:
 
 
 GOOD = {"format": FORMAT, "weights": {"bias": -1.0, "log_p_words": 1.0, "log_p_words_above_-1.5": 2.0},
-        "sure_probability": 0.8, "doubt_probability": 0.1, "max_patience_ms": 1200, "trained_on": "a test"}
+        "sure_probability": 0.8, "doubt_probability": 0.1, "max_patience_ms": 1200, "hold_ms": 300,
+        "trained_on": "a test"}
 
 
 def test_the_shipped_decision_loads_and_trusts_a_likelier_end_more() -> None:
@@ -43,8 +44,12 @@ def test_a_decision_file_is_read_with_its_patience(tmp_path: Path) -> None:
     sure = policy.wait_ms(Evidence(text=0.9, words="Thank you."))
     assert sure == 0  # z = -1 + log 0.9 + 2 (log 0.9 + 1.5) = 1.69: p 0.84 >= 0.8
     assert policy.wait_ms(Evidence(text=1e-6, words="What time does the")) == 1200
-    middle = policy.wait_ms(Evidence(text=math.exp(-1.5), words="Book it"))  # z = -2.5: p 0.076 < doubt
-    assert middle == 1200
+    low = policy.wait_ms(Evidence(text=math.exp(-1.5), words="Book it"))  # z = -2.5: p 0.076 < doubt
+    assert low == 1200
+    p = policy.probability(Evidence(text=math.exp(-0.75), words="Book it."))  # z = -0.25: p 0.44
+    assert p is not None and 0.1 < p < 0.8
+    share = (0.8 - p) / (0.8 - 0.1)  # from the hold just under sure up to the whole patience
+    assert policy.wait_ms(Evidence(text=math.exp(-0.75), words="Book it.")) == pytest.approx(300 + 900 * share)
     assert policy.hears is False  # no weight on the sound: the end-of-turn model is not run
 
 
