@@ -171,10 +171,10 @@ class SessionConfig(BaseModel):
         "is cut: the reply starts with sound, and phrases are apart by a pause chosen from their last mark")
     take_back_ms: int = Field(
         600, ge=0, description="a reply the caller talks over (speech that interrupts it: words, or sustained "
-        "speech; not a key) within this long of its first audio is taken back: the turn had been ended too soon, so the reply leaves "
-        "the history and what the caller said before and after it is answered as one turn (0: an interruption "
-        "always keeps what was heard). On the held-out cut turns the decision ended too soon, 10 of 27 callers went "
-        "on after the reply's first audio, 7 of them within 0.15 s of it (docs/benchmarks.md)")
+        "speech; not a key) within this long of its first audio is taken back: the turn had been ended too soon, "
+        "so the reply leaves the history and what the caller said before and after it is answered as one turn (0: "
+        "an interruption always keeps what was heard). On the held-out cut turns the decision ended too soon, 10 "
+        "of 27 callers went on after the reply's first audio, 7 of them within 0.15 s of it (docs/benchmarks.md)")
     apology: str = "Sorry, I'm having trouble answering right now. Could you say that again?"
     barge_in_max_hold_ms: int = Field(
         1500, ge=0, description="while the bot talks, a caller's sound pauses its audio; at the caller's first pause "
