@@ -103,6 +103,7 @@ class Reply:
     confirmed: asyncio.Event = field(default_factory=asyncio.Event)
     preemptive: bool = False
     unsent: list[OutEvent] = field(default_factory=list)  # text deltas and errors held until confirmed
+    flushing: bool = False  # the held events are being sent: later ones queue behind them
     words: int = 0  # words generated so far
     first_audio_due: float | None = None  # clock time: end of speech + session.first_audio_budget_ms
     deadline_missed: bool = False  # its first audio went out after first_audio_due

@@ -128,10 +128,13 @@ class RepliesMixin(SessionState):
         log.info("turn %d: preemptive reply confirmed (%d words ready)", reply.turn.turn_id, reply.words)
         self._keep(reply.turn.turn_id, ChatMessage("user", reply.user_text))
         self._first_audio_due(reply)
+        reply.flushing = True  # events that come while the held ones go out wait behind them, in order
         reply.confirmed.set()
-        held, reply.unsent = reply.unsent, []
-        for event in held:
-            await self.outbound.send_event(event)
+        try:
+            while reply.unsent:
+                await self.outbound.send_event(reply.unsent.pop(0))
+        finally:
+            reply.flushing = False
 
     def _first_audio_due(self, reply: Reply) -> None:
         """The reply's first audio is due first_audio_budget_ms after the caller's end of speech;
@@ -144,7 +147,7 @@ class RepliesMixin(SessionState):
     async def _send_for(self, reply: Reply, event: OutEvent) -> None:
         """Send a reply's event, or hold it while the reply is preemptive and unconfirmed: the
         caller learns nothing of a reply that may be dropped."""
-        if reply.confirmed.is_set():
+        if reply.confirmed.is_set() and not reply.flushing:
             await self.outbound.send_event(event)
         else:
             reply.unsent.append(event)
