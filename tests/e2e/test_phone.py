@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from difflib import SequenceMatcher
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +121,14 @@ async def test_after_a_barge_in_the_history_keeps_what_the_caller_heard(
     played_s = len(played) / 8000
     heard = [w for w, middle in timed if middle < played_s]
     kept = words(first["text"])
-    assert abs(len(kept) - len(words(" ".join(heard)))) <= 1, (kept, heard, played_s)
-    assert set(kept[-3:]) & set(words(" ".join(heard[-4:]))), (kept, heard)  # ends where the caller stopped hearing
+    heard_words = words(" ".join(heard))
+    assert abs(len(kept) - len(heard_words)) <= 1, (kept, heard, played_s)
+    # ends where the caller stopped hearing: the two agree up to a few words from both ends. Not the last
+    # words themselves: on 8 kHz audio the timer mishears rare words ("Zephyr was born" -> "suffer with bull")
+    agree = [b for b in SequenceMatcher(a=kept, b=heard_words, autojunk=False).get_matching_blocks() if b.size]
+    assert agree, (kept, heard)
+    last = agree[-1]
+    assert len(kept) - (last.a + last.size) <= 3 and len(heard_words) - (last.b + last.size) <= 3, (kept, heard)
 
     second = await turn_done(phone_server, call.call_sid, 2)
     assert second["status"] == "completed"
