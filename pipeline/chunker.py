@@ -14,25 +14,13 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from core.clock import Clock
 from pipeline.config import ChunkerConfig
 from pipeline.events import Phrase, ReplyEvent, ReplyFinished, ReplyText
+from pipeline.sentences import SENTENCE_END, is_abbreviation, is_list_number
 
-_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]”’]*(?=\s)|\n+")
 _CLAUSE_END = re.compile(r"[,;:]+(?=\s)|\s[—–-]{1,2}(?=\s)|—")
-_ABBREVIATIONS = {
-    "mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "prof", "no", "approx", "inc", "ltd",
-}
 
 
 def _words(text: str) -> int:
     return len(text.split())
-
-
-def _is_abbreviation(text: str, dot: int) -> bool:
-    """Whether the '.' at `dot` ends an abbreviation or an initial rather than a sentence."""
-    if text[dot] != ".":
-        return False
-    word = text[: dot].rsplit(None, 1)[-1] if text[:dot].strip() else ""
-    word = word.lstrip("(\"'“‘").lower()
-    return word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())
 
 
 class PhraseChunker:
@@ -61,8 +49,9 @@ class PhraseChunker:
     def _next_cut(self) -> int | None:
         text = self.buffer
         min_words = self.config.first_min_words if self.count == 0 else self.config.min_words
-        for match in _SENTENCE_END.finditer(text):
-            if not _is_abbreviation(text, match.start()) and _words(text[: match.end()]) >= 1:
+        for match in SENTENCE_END.finditer(text):
+            if (not is_abbreviation(text, match.start()) and not is_list_number(text, match.start())
+                    and _words(text[: match.end()]) >= 1):
                 return match.end()
         for match in _CLAUSE_END.finditer(text):
             if _words(text[: match.start()]) >= min_words:
@@ -82,13 +71,23 @@ class PhraseChunker:
         return None
 
 
-_MARKDOWN = re.compile(r"[*_#`>|~]+|^\s*(?:[-•]|\d+[.)])\s+", re.MULTILINE)
+_MARKDOWN = re.compile(r"[*_#`>|~]+|^\s*[-•]\s+", re.MULTILINE)
+_LIST_ITEM = re.compile(r"^(\s*)(\d{1,2})[.)]\s+", re.MULTILINE)
 _URL = re.compile(r"https?://\S+")
+ORDINALS = ("First", "Second", "Third", "Fourth", "Fifth", "Sixth", "Seventh", "Eighth", "Ninth", "Tenth")
+
+
+def _sequence_word(match: re.Match[str]) -> str:
+    """A list item's number said as a speaker would: "2. Tap reset" -> "Second, tap reset"."""
+    number = int(match.group(2))
+    return f"{match.group(1)}{ORDINALS[number - 1] if 1 <= number <= len(ORDINALS) else 'Next'}, "
 
 
 def speakable(text: str) -> str:
-    """Text a synthesizer should say: no markdown marks, list bullets, URLs or emoji."""
+    """Text a synthesizer should say: no markdown marks, list bullets, URLs or emoji; a numbered
+    list item starts with its sequence word."""
     text = _URL.sub("a link", text)
+    text = _LIST_ITEM.sub(_sequence_word, text)
     text = _MARKDOWN.sub(" ", text)
     text = "".join(ch for ch in text if unicodedata.category(ch) not in ("So", "Cs", "Co", "Cn"))
     return " ".join(text.split())

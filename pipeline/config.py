@@ -158,6 +158,20 @@ class TrimConfig(BaseModel):
         "sentences of one phrase (its padding twice)")
 
 
+class ReplyBudgetConfig(BaseModel):
+    """How much a spoken reply says before it stops at a sentence's end and offers the rest
+    (pipeline/reply_budget.py). Text-only replies and /v1 chat completions are not limited by it."""
+
+    enabled: bool = Field(True, description="false: a reply runs until the model stops or llm.max_tokens")
+    max_sentences: int = Field(3, ge=1, description="the reply stops after this many sentences when more would follow")
+    max_seconds: float = Field(
+        15.0, gt=0, description="or at the first sentence end after about this much speech (its words at "
+        "words_per_second), whichever comes first")
+    words_per_second: float = Field(2.5, gt=0, description="the speaking rate the speech's length is reckoned at")
+    offer: str = Field("Shall I go on?", max_length=200,
+                       description="said after a reply the budget stopped (empty: nothing); it stays in the history")
+
+
 class SessionConfig(BaseModel):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     tools_prompt: str = Field(DEFAULT_TOOLS_PROMPT, description="the system prompt of a call that has tools at its "
@@ -172,6 +186,9 @@ class SessionConfig(BaseModel):
     tts_trim: TrimConfig = Field(
         default_factory=lambda: TrimConfig(), description="the synthesizer's silence before and after each phrase "
         "is cut: the reply starts with sound, and phrases are apart by a pause chosen from their last mark")
+    reply_budget: ReplyBudgetConfig = Field(
+        default_factory=lambda: ReplyBudgetConfig(), description="a spoken reply stops at a sentence's end once it "
+        "has said enough, and offers the rest")
     take_back_ms: int = Field(
         600, ge=0, description="a reply the caller talks over (speech that interrupts it: words, or sustained "
         "speech; not a key) within this long of its first audio is taken back: the turn had been ended too soon, "

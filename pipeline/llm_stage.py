@@ -9,7 +9,9 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from core.clock import Clock
 from core.errors import VoiceAgentError
 from models.protocols import Conversation, GenerationDone, SamplingParams, TextDelta, ToolCallDelta, ToolCallOutput
+from pipeline.config import ReplyBudgetConfig
 from pipeline.events import ReplyEvent, ReplyFinished, ReplyRequest, ReplyText, ReplyToolCall, ReplyToolCallDelta
+from pipeline.reply_budget import SpokenBudget
 
 log = logging.getLogger(__name__)
 
@@ -19,16 +21,24 @@ async def llm_stage(
     conversation: Conversation,
     params: SamplingParams,
     clock: Clock,
+    budget: ReplyBudgetConfig | None = None,
 ) -> AsyncGenerator[ReplyEvent, None]:
+    """`budget`: a spoken reply's limit (pipeline/reply_budget.py); once spent, the generation stops
+    at the sentence's end, the offer is said, and the stats' finish_reason is "spoken_budget"."""
     async for request in requests:
         produced = False
+        spoken = SpokenBudget(budget) if budget is not None and budget.enabled else None
         try:
             # Closed with this stage (a barge-in): the generation stops at once, not when collected.
             async with contextlib.aclosing(conversation.stream(request.messages, params, request.tools)) as outputs:
                 async for output in outputs:
                     if isinstance(output, TextDelta):
-                        produced = True
-                        yield ReplyText(request.turn_id, output.text, clock.now())
+                        text = output.text if spoken is None else spoken.take(output.text)
+                        if text:
+                            produced = True
+                            yield ReplyText(request.turn_id, text, clock.now())
+                        if spoken is not None and spoken.spent:
+                            break  # closing the stream stops the generation
                     elif isinstance(output, ToolCallDelta):
                         yield ReplyToolCallDelta(request.turn_id, output.call_id, output.name, output.delta)
                     elif isinstance(output, ToolCallOutput):
@@ -36,6 +46,15 @@ async def llm_stage(
                         yield ReplyToolCall(request.turn_id, output.call, clock.now())
                     elif isinstance(output, GenerationDone):
                         yield ReplyFinished(request.turn_id, output.stats, clock.now())
+            if spoken is not None and spoken.spent:
+                log.info("turn %d: the reply stopped at its spoken budget (session.reply_budget: %d sentences, "
+                         "%.0f s)", request.turn_id, spoken.config.max_sentences, spoken.config.max_seconds)
+                if spoken.config.offer:
+                    yield ReplyText(request.turn_id, " " + spoken.config.offer, clock.now())
+                stats = getattr(conversation, "last_stats", None)  # the embedded engine's; None for a server's
+                if stats is not None:
+                    stats.finish_reason = "spoken_budget"
+                yield ReplyFinished(request.turn_id, stats, clock.now())
         except VoiceAgentError as exc:
             log.warning("turn %d: LLM failed after %s text: %s", request.turn_id,
                         "some" if produced else "no", exc)

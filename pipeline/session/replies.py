@@ -169,8 +169,9 @@ class RepliesMixin(SessionState):
         cfg = self.config
         turn = reply.turn
         request = ReplyRequest(turn.turn_id, reply.prompt, self.clock.now(), reply.tools)
-        text = (llm_stage(_one(request), self.conversation, cfg.sampling, self.clock) if reply.fixed_text is None
-                else _said(turn.turn_id, reply.fixed_text, self.clock))
+        budget = cfg.session.reply_budget if reply.speaks else None  # a caller cannot skim; a reader can
+        text = (llm_stage(_one(request), self.conversation, cfg.sampling, self.clock, budget)
+                if reply.fixed_text is None else _said(turn.turn_id, reply.fixed_text, self.clock))
         phrases = chunk_stage(text, cfg.chunker, self.clock)
         audio = (tts_stage(phrases, self.backends.tts, self.backends.tts_worker, self.output_rate, self.clock,
                            cfg.session.tts_trim)

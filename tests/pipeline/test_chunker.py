@@ -57,3 +57,11 @@ def test_whole_chunks_and_no_text_lost() -> None:
 def test_speakable_strips_markdown_and_emoji() -> None:
     assert speakable("**Bold** and `code` 🎉 see https://x.y/z") == "Bold and code see a link"
     assert speakable("- one\n- two") == "one two"
+
+
+def test_a_list_items_number_is_not_a_phrase_of_its_own_and_is_said_as_a_sequence_word() -> None:
+    text = "To reset it:\n1. Open settings.\n2. Tap account.\n12. Confirm."
+    phrases = feed(text, config=ChunkerConfig(first_max_words=8))
+    assert phrases == ["To reset it:", "1. Open settings.", "2. Tap account.", "12. Confirm."]
+    assert [speakable(p) for p in phrases[1:]] == ["First, Open settings.", "Second, Tap account.", "Next, Confirm."]
+    assert speakable("It costs 3.5 dollars, 2 of them.") == "It costs 3.5 dollars, 2 of them."

@@ -7,6 +7,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from core.clock import Clock, FakeClock
 from models.protocols import Audio, ChatMessage, LLMOutput, SamplingParams, TextDelta
 from models.tool_calls import Tools
-from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
+from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, ReplyBudgetConfig, SessionConfig
 from pipeline.events import (
     AudioFrame,
     ErrorEvent,
@@ -37,6 +38,15 @@ from tests.pipeline.fakes import (
     RecordingOutbound,
 )
 
+# The fake story runs past the spoken budget; these tests are about other things, so they hear it whole
+# (the budget in a session: test_a_long_reply_stops_at_its_budget_and_the_history_keeps_the_offer).
+WHOLE = ReplyBudgetConfig(enabled=False)
+
+
+def whole(**settings: Any) -> SessionConfig:
+    return SessionConfig(reply_budget=WHOLE, **settings)
+
+
 STORY = ("Once upon a time, a little dragon lived in a cave by the sea. Every morning she flew over the "
          "waves. One day she found a lost ship and guided it home. The sailors cheered and sang for her.")
 
@@ -47,7 +57,7 @@ def make_session(llm: FakeLLM, finals: list[str], take_back_ms: int = 0) -> tupl
     config = PipelineConfig(
         EndpointingConfig(min_speech_ms=64, end_silence_ms=256, prefix_padding_ms=100),
         AsrStageConfig(partials=False), ChunkerConfig(),
-        SessionConfig(output_lead_ms=0, output_chunk_ms=20, take_back_ms=take_back_ms), SamplingParams(),
+        whole(output_lead_ms=0, output_chunk_ms=20, take_back_ms=take_back_ms), SamplingParams(),
     )
     out = RecordingOutbound()
     return Session(backends, config, DistantClock(), out, output_rate=8000, system_prompt="Be kind."), out
@@ -77,6 +87,23 @@ async def test_a_turn_gets_a_reply_with_every_mark() -> None:
                                     "tts_first_audio", "first_audio_sent"}
     assert [m.role for m in session.history] == ["system", "user", "assistant"]
     assert llm.requests[0][0].content == "Be kind."
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_a_long_reply_stops_at_its_budget_and_the_history_keeps_the_offer() -> None:
+    llm = FakeLLM([STORY])
+    session, out = make_session(llm, ["Tell me a story."])
+    session.config = replace(session.config, session=SessionConfig(output_lead_ms=10000, output_chunk_ms=20))
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.4, False)
+    await out.wait(lambda: done_events(out), timeout=10)
+    done = done_events(out)[0]
+    said = ("Once upon a time, a little dragon lived in a cave by the sea. Every morning she flew over the waves. "
+            "One day she found a lost ship and guided it home. Shall I go on?")
+    assert done.status == "completed" and done.text == said, done
+    assert session.history[-1].content == said  # the caller can ask for the rest
     await session.audio_in.put(None)
     await task
 
@@ -156,7 +183,7 @@ async def test_noise_without_words_gets_no_reply() -> None:
 async def test_speculation_is_capped_while_far_ahead_of_playback() -> None:
     llm = FakeLLM(["One two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen."])
     session, out = make_session(llm, ["Count to fifteen."])
-    session.config = replace(session.config, session=SessionConfig(output_lead_ms=0, output_chunk_ms=20,
+    session.config = replace(session.config, session=whole(output_lead_ms=0, output_chunk_ms=20,
                                                                    speculation_relax_s=0.8))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
@@ -299,7 +326,7 @@ async def test_with_playback_reports_the_history_keeps_what_was_heard_not_what_w
     barge-in), not the words of everything sent."""
     llm = FakeLLM([STORY, "Okay."])
     session, out = make_session(llm, ["Tell me a story.", "Stop."])
-    session.config = replace(session.config, session=SessionConfig(output_lead_ms=1500, output_chunk_ms=20))
+    session.config = replace(session.config, session=whole(output_lead_ms=1500, output_chunk_ms=20))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.4, False)
@@ -325,7 +352,7 @@ async def test_a_stopped_playback_report_is_exact_and_a_client_cancel_keeps_it()
     those three words however long the server takes to cancel (no carrying forward)."""
     llm = FakeLLM([STORY])
     session, out = make_session(llm, ["Tell me a story."])
-    session.config = replace(session.config, session=SessionConfig(output_lead_ms=1500, output_chunk_ms=20))
+    session.config = replace(session.config, session=whole(output_lead_ms=1500, output_chunk_ms=20))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.4, False)
@@ -347,7 +374,7 @@ async def test_a_reply_sent_whole_is_cut_to_what_was_heard_when_the_client_says_
     it; a client that stopped playing (a Realtime truncate) has the history cut to what was heard."""
     llm = FakeLLM([STORY])
     session, out = make_session(llm, ["Tell me a story."])
-    session.config = replace(session.config, session=SessionConfig(output_lead_ms=10000, output_chunk_ms=20))
+    session.config = replace(session.config, session=whole(output_lead_ms=10000, output_chunk_ms=20))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.4, False)
@@ -391,7 +418,7 @@ async def test_reply_audio_waiting_to_be_sent_is_bounded_and_the_llm_waits_for_i
     llm = FakeLLM([STORY])
     llm.token_delay = 0.0
     session, out = make_session(llm, ["Tell me a story."])
-    session.config = replace(session.config, session=SessionConfig(output_lead_ms=0, output_chunk_ms=20,
+    session.config = replace(session.config, session=whole(output_lead_ms=0, output_chunk_ms=20,
                                                                    max_playout_s=0.5))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
@@ -417,7 +444,7 @@ async def test_reply_audio_waiting_to_be_sent_is_bounded_and_the_llm_waits_for_i
 
 
 def with_session_config(session: Session, **settings: float) -> None:
-    session.config = replace(session.config, session=SessionConfig(output_chunk_ms=20, **settings))
+    session.config = replace(session.config, session=whole(output_chunk_ms=20, **settings))
 
 
 async def speak_now(session: Session, seconds: float, loud: bool) -> None:
@@ -497,7 +524,7 @@ def preemptive_session(llm: FakeLLM, finals: list[str]) -> tuple[Session, Record
     session.config = replace(
         session.config,
         endpointing=EndpointingConfig(min_speech_ms=64, end_silence_ms=600, early_final_ms=192, prefix_padding_ms=100),
-        session=SessionConfig(output_lead_ms=0, output_chunk_ms=20))
+        session=whole(output_lead_ms=0, output_chunk_ms=20))
     return session, out
 
 
@@ -575,7 +602,7 @@ async def test_a_backchannel_whose_turn_ends_late_is_let_go_at_its_pause() -> No
     session.config = replace(
         session.config,
         endpointing=EndpointingConfig(min_speech_ms=64, end_silence_ms=1600, early_final_ms=192, prefix_padding_ms=100),
-        session=SessionConfig(output_lead_ms=0, output_chunk_ms=20, barge_in_max_hold_ms=900))
+        session=whole(output_lead_ms=0, output_chunk_ms=20, barge_in_max_hold_ms=900))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     for _ in range(90):  # the first turn ends after 1.6 s of silence, in real time
