@@ -14,9 +14,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from core.clock import Clock
 from pipeline.config import ChunkerConfig
 from pipeline.events import Phrase, ReplyEvent, ReplyFinished, ReplyText
-from pipeline.sentences import SENTENCE_END, is_abbreviation, is_list_number
-
-_CLAUSE_END = re.compile(r"[,;:]+(?=\s)|\s[—–-]{1,2}(?=\s)|—")
+from pipeline.sentences import CLAUSE_END, SENTENCE_END, is_abbreviation, is_list_number
 
 
 def _words(text: str) -> int:
@@ -53,7 +51,7 @@ class PhraseChunker:
             if (not is_abbreviation(text, match.start()) and not is_list_number(text, match.start())
                     and _words(text[: match.end()]) >= 1):
                 return match.end()
-        for match in _CLAUSE_END.finditer(text):
+        for match in CLAUSE_END.finditer(text):
             if _words(text[: match.start()]) >= min_words:
                 return match.end()
         limit = min(self.config.first_max_words, self.config.max_words) if self.count == 0 else self.config.max_words
@@ -64,7 +62,7 @@ class PhraseChunker:
             if len(spans) < limit:
                 return None
             if self.count == 0:
-                marks = [m.end() for m in _CLAUSE_END.finditer(text) if m.end() <= spans[limit - 1]]
+                marks = [m.end() for m in CLAUSE_END.finditer(text) if m.end() <= spans[limit - 1]]
                 if marks:
                     return marks[-1]
             return spans[limit - 1]
@@ -100,19 +98,21 @@ async def chunk_stage(
     chunker = PhraseChunker(config)
     turn_id = 0
 
-    def phrase(text: str) -> Phrase:
-        return Phrase(turn_id, chunker.count - 1, text, speakable(text), clock.now())
+    def phrases(texts: list[str]) -> list[Phrase]:
+        """Numbered in order: several can complete at once (a delta with two sentence ends)."""
+        first = chunker.count - len(texts)
+        return [Phrase(turn_id, first + i, text, speakable(text), clock.now()) for i, text in enumerate(texts)]
 
     async for event in events:
         if isinstance(event, ReplyText):
             turn_id = event.turn_id
             yield event
-            for text in chunker.push(event.text):
-                yield phrase(text)
+            for phrase in phrases(chunker.push(event.text)):
+                yield phrase
         elif isinstance(event, ReplyFinished):
             turn_id = event.turn_id
-            for text in chunker.flush():
-                yield phrase(text)
+            for phrase in phrases(chunker.flush()):
+                yield phrase
             yield event
         else:
             yield event

@@ -9,6 +9,7 @@ SENTENCE_END = re.compile(r"[.!?…]+[\"')\]”’]*(?=\s)|\n+")
 ABBREVIATIONS = {
     "mr", "mrs", "ms", "dr", "st", "jr", "sr", "vs", "etc", "e.g", "i.e", "prof", "no", "approx", "inc", "ltd",
 }
+CLAUSE_END = re.compile(r"[,;:]+(?=\s)|\s[—–-]{1,2}(?=\s)|—")
 _LIST_NUMBER = re.compile(r"(?:^|\n|[:.!?]\s)\s*\d{1,2}$")
 
 

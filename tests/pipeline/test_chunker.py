@@ -1,5 +1,10 @@
-from pipeline.chunker import PhraseChunker, speakable
+import asyncio
+from collections.abc import AsyncGenerator
+
+from core.clock import MonotonicClock
+from pipeline.chunker import PhraseChunker, chunk_stage, speakable
 from pipeline.config import ChunkerConfig
+from pipeline.events import Phrase, ReplyEvent, ReplyFinished, ReplyText
 
 
 def feed(text: str, step: int = 3, config: ChunkerConfig | None = None) -> list[str]:
@@ -65,3 +70,19 @@ def test_a_list_items_number_is_not_a_phrase_of_its_own_and_is_said_as_a_sequenc
     assert phrases == ["To reset it:", "1. Open settings.", "2. Tap account.", "12. Confirm."]
     assert [speakable(p) for p in phrases[1:]] == ["First, Open settings.", "Second, Tap account.", "Next, Confirm."]
     assert speakable("It costs 3.5 dollars, 2 of them.") == "It costs 3.5 dollars, 2 of them."
+
+
+def test_phrases_completed_by_one_delta_are_numbered_in_order() -> None:
+    async def run() -> list[Phrase]:
+        clock = MonotonicClock()
+
+        async def events() -> AsyncGenerator[ReplyEvent, None]:
+            yield ReplyText(1, "Hello there. How are you today? ", clock.now())
+            yield ReplyText(1, "Fine.", clock.now())
+            yield ReplyFinished(1, None, clock.now())
+
+        return [e async for e in chunk_stage(events(), ChunkerConfig(first_max_words=8), clock)
+                if isinstance(e, Phrase)]
+
+    phrases = asyncio.run(run())
+    assert [(p.index, p.text) for p in phrases] == [(0, "Hello there."), (1, "How are you today?"), (2, "Fine.")]

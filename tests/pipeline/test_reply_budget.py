@@ -42,10 +42,22 @@ def test_a_reply_that_ends_at_its_budget_is_not_cut() -> None:
         "One two. Three four? Five six!", False)  # a space after the last mark and then the end
 
 
-def test_the_spoken_length_ends_a_reply_at_the_first_sentence_end_past_it() -> None:
+def test_the_spoken_length_ends_a_reply_where_one_more_sentence_would_pass_it() -> None:
     config = ReplyBudgetConfig(max_sentences=10, max_seconds=4.0, words_per_second=2.0)  # 8 words
-    text = "One two three four five. Six seven eight nine ten eleven. Twelve thirteen."
-    assert said(text, config) == ("One two three four five. Six seven eight nine ten eleven.", True)
+    text = "One two three. Four five six seven. Eight nine."
+    # 1.5 s said, one more like it: 3 s, within; 3.5 s said, one more of 1.75 s would pass 4 s
+    assert said(text, config) == ("One two three. Four five six seven.", True)
+    long_first = "One two three four five six seven eight nine. Ten eleven."
+    assert said(long_first, config) == ("One two three four five six seven eight nine.", True)
+
+
+def test_a_run_on_sentence_ends_at_its_first_clause_past_the_budget_with_a_full_stop() -> None:
+    config = ReplyBudgetConfig(max_sentences=3, max_seconds=4.0, words_per_second=2.0)
+    text = "Pack a towel, a hat, sunscreen, a towel, a hat, sunscreen, a towel, a hat"
+    for step in (1, 4, 100):
+        assert said(text, config, step) == ("Pack a towel, a hat, sunscreen, a towel.", True)
+    assert said("Pack a towel a hat sunscreen a towel a hat and more", config) == (
+        "Pack a towel a hat sunscreen a towel a hat and more", False)  # no mark: llm.max_tokens bounds it
 
 
 def test_a_numbered_list_counts_its_items_as_sentences_not_its_numbers() -> None:
