@@ -20,6 +20,7 @@ from app.transports.call import Call
 from app.transports.realtime.wire import realtime_call
 from core.clock import MonotonicClock
 from models.tool_calls import ToolCall
+from pipeline.config import ReplyBudgetConfig, SessionConfig
 from pipeline.session import Backends
 from tests.app.test_ws_edges import FakeSocket
 from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad
@@ -41,10 +42,11 @@ class AcceptingFakeSocket(FakeSocket):
 
 
 def make_call(beta: bool = False, finals: list[str] | None = None,
-              replies: list[str | list[str | ToolCall]] | None = None) -> tuple[Call, AcceptingFakeSocket, FakeLLM]:
+              replies: list[str | list[str | ToolCall]] | None = None,
+              settings: Settings | None = None) -> tuple[Call, AcceptingFakeSocket, FakeLLM]:
     llm = FakeLLM(replies or [REPLY, REPLY])
     backends = Backends(FakeVad(), FakeRecognizer(finals or ["What is the capital of Italy?"]), FakeSynthesizer(), llm)
-    runtime = Runtime(Settings(), MonotonicClock(), backends=backends)
+    runtime = Runtime(settings or Settings(), MonotonicClock(), backends=backends)
     runtime.ready.set()
     socket = AcceptingFakeSocket()
     return realtime_call(socket, runtime, beta, "gpt-realtime"), socket, llm  # type: ignore[arg-type]
@@ -194,7 +196,8 @@ class PeekingRecognizer(FakeRecognizer):
 
 async def test_with_interrupt_response_false_speech_over_a_reply_waits_for_it_to_end() -> None:
     story = " ".join(["Once upon a time a dragon flew over the sea."] * 6)
-    call, socket, llm = make_call(replies=[story, REPLY])
+    whole = Settings(session=SessionConfig(reply_budget=ReplyBudgetConfig(enabled=False)))  # not cut at 3 sentences
+    call, socket, llm = make_call(replies=[story, REPLY], settings=whole)
     assert call.runtime.backends is not None
     call.runtime.backends.asr = PeekingRecognizer(["Tell me a story.", "And then?"])
     task = asyncio.create_task(call.serve())

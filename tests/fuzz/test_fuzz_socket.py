@@ -52,8 +52,8 @@ async def hostile(base: str, messages: list[tuple[str, Any]]) -> tuple[list[dict
                     await ws.send(payload)
             if not any(kind == "bad utf-8" for kind, _ in messages):  # else the server closes it (1007)
                 await ws.close()
-        except websockets.ConnectionClosed:
-            pass
+        except (websockets.ConnectionClosed, websockets.exceptions.InvalidState):
+            pass  # the server closed it first (the raw send of bad UTF-8 says so with InvalidState)
         with contextlib.suppress(websockets.ConnectionClosed):
             async for message in ws:
                 if isinstance(message, str):
