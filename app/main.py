@@ -35,7 +35,7 @@ STATIC = Path(__file__).parent / "static"
 
 def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
                backends: Backends | None = None) -> FastAPI:
-    runtime = Runtime(settings or Settings(), clock or MonotonicClock(), backends=backends)
+    runtime = Runtime((settings or Settings()).with_facts(), clock or MonotonicClock(), backends=backends)
     check_decision(runtime.settings.endpointing)
     install_log_redaction()
 

@@ -20,7 +20,8 @@ from app.store.config import OtelConfig, StorageConfig
 from core.errors import ConfigError
 from models.config import AsrConfig, LlmConfig, TtsConfig, TurnConfig, VadConfig
 from models.protocols import SamplingParams
-from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig, ToolsConfig
+from pipeline.config import AgentConfig, AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig, ToolsConfig
+from pipeline.facts import load_facts, with_facts
 
 
 class ServerConfig(BaseModel):
@@ -199,6 +200,7 @@ class Settings(BaseSettings):
     chunker: ChunkerConfig = ChunkerConfig()
     tts: TtsConfig = TtsConfig()
     session: SessionConfig = SessionConfig()
+    agent: AgentConfig = AgentConfig()
     tools: ToolsConfig = ToolsConfig()
     twilio: TwilioConfig = TwilioConfig()
     telnyx: TelnyxConfig = TelnyxConfig()
@@ -217,6 +219,16 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, _FileSource(settings_cls)
+
+    def with_facts(self) -> Settings:
+        """These settings with the operator's facts (agent) joined to the default prompts; an unreadable
+        or oversized facts file is a ConfigError."""
+        facts = load_facts(self.agent)
+        if not facts:
+            return self
+        session = self.session.model_copy(update={"system_prompt": with_facts(self.session.system_prompt, facts),
+                                                  "tools_prompt": with_facts(self.session.tools_prompt, facts)})
+        return self.model_copy(update={"session": session})
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(
