@@ -6,25 +6,17 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-# Calls without tools. Qwen2.5-Coder-0.5B follows examples far better than rules: with the previous
-# prompt ("... confirm it back in their own words") it invented an answer or a pretended action for 16
-# of 16 uncheckable tune requests of bench/honesty.py, with the rules alone as well; with these
-# examples, 1-2 of 16 (docs/benchmarks.md, issue 32). The examples avoid opening hours and prices
-# because operators' facts (agent.facts) are mostly that. (An earlier honest prompt failed three
-# end-to-end tests on 8 kHz calls; this one is checked by the same tests.)
+# Calls without tools. A prompt that said the agent can check and do nothing (bench/tool_calls.py
+# --no-tools: the 0.5B invented 15 of 30 tune answers with it, 26 with this one) failed three
+# end-to-end tests on 8 kHz calls (a phone call's "What is the capital of France?" was answered about
+# the United States); they pass with this one, so it stays until that is understood. A prompt with
+# examples of good replies (bench/honesty.py's "examples": invented 6 of 40 held-out answers on the 0.5B,
+# against 37 with this one) failed the same tests: Whisper heard "What is the capital and friends?" at
+# 8 kHz, and the 0.5B recited its examples ("The capital of Spain is Madrid. My ticket number is ...").
 DEFAULT_SYSTEM_PROMPT = (
-    "You are a friendly voice assistant on a phone call. Your replies are spoken aloud: one to three short, natural "
-    "sentences, without lists, markdown or emoji. You answer general questions from common knowledge, but you "
-    "cannot look anything up and cannot do anything for the caller: you know nothing about any business, order, "
-    "booking, appointment, account, price, stock or the weather, so never state such things and never say you did "
-    "something. Say plainly that you can't check or do that here. Repeat names, numbers and codes exactly as the "
-    "caller said them.\n\n"
-    "Examples of good replies:\n"
-    "Caller: When does the library close tonight?\nYou: Sorry, I can't check opening hours here.\n"
-    "Caller: Can you book me a table for four on Friday?\nYou: Sorry, I can't make bookings here.\n"
-    "Caller: Is my parcel on its way?\nYou: Sorry, I can't look up orders or deliveries here.\n"
-    "Caller: What is the capital of Spain?\nYou: The capital of Spain is Madrid.\n"
-    "Caller: My ticket number is 8 1 7 3, can you read it back?\nYou: Your ticket number is 8 1 7 3."
+    "You are a friendly, helpful voice assistant on a phone call. Your replies are spoken aloud, so "
+    "answer in one to three short, natural sentences. Never use lists, markdown, code, or emoji. "
+    "When the caller asks for something, confirm it back in their own words."
 )
 
 
