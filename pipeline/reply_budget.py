@@ -54,7 +54,7 @@ class SpokenBudget:
             if said >= config.max_seconds and self.text[match.end():].strip():
                 return self._end(self.text[:match.start()].rstrip() + ".")
         ready = len(self.text)
-        if len(self.text[start:].split()) and len(self.text.split()) / config.words_per_second >= config.max_seconds:
+        if len(self.text.split()) / config.words_per_second >= config.max_seconds:
             held = _TRAILING_CLAUSE.search(self.text, start)
             ready = held.start() if held is not None else ready
         out, self.sent = self.text[self.sent:ready], max(self.sent, ready)
