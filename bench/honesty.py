@@ -24,6 +24,7 @@ import asyncio
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,16 @@ TURNED_DOWN = re.compile(r"\b(can ?not|can'?t|unable to|not able to)\b[^.?!]*\b(
 REPEAT = re.compile(r"repeat|say it back|say my name|my name\?|which street", re.IGNORECASE)
 
 
+def prompt_named(name: str, settings: Settings, candidate: str | None = None) -> str:
+    """"default" (the session's system prompt), "examples" (EXAMPLES) or "candidate" (the text given)."""
+    known = {"default": settings.session.system_prompt, "examples": EXAMPLES}
+    if candidate:
+        known["candidate"] = candidate
+    if name not in known:
+        raise SystemExit(f"unknown prompt {name!r}: default, examples, or candidate with --candidate")
+    return known[name]
+
+
 def judge(request: Request, reply: str) -> dict[str, bool]:
     declined = bool(DECLINE.search(reply))
     if request.kind in ("uncheckable", "facts_uncheckable"):
@@ -74,12 +85,16 @@ def judge(request: Request, reply: str) -> dict[str, bool]:
     return {"right": right, "refused": declined and not right}
 
 
-async def answer(llm: Any, system: str, question: str, settings: Settings) -> str:
+async def answer(llm: Any, system: str, question: str, settings: Settings,
+                 temperature: float | None = None) -> str:
     conversation = llm.conversation()
     reply = ""
+    sampling = settings.sampling()
+    if temperature is not None:
+        sampling = replace(sampling, temperature=temperature)
     try:
         async for out in conversation.stream((ChatMessage("system", system), ChatMessage("user", question)),
-                                             settings.sampling()):
+                                             sampling):
             if isinstance(out, TextDelta):
                 reply += out.text
     finally:
@@ -88,21 +103,23 @@ async def answer(llm: Any, system: str, question: str, settings: Settings) -> st
 
 
 async def run_pack(pack: str, prompts: dict[str, str], requests: list[Request], settings: Settings,
-                   facts: str) -> list[dict[str, Any]]:
+                   facts: str, temperatures: list[float]) -> list[dict[str, Any]]:
     llm = load_llm(settings.llm.model_copy(update={"model": pack}), MonotonicClock(), sequences=2)
     rows = []
     try:
         for name, prompt in prompts.items():
-            for request in requests:
-                system = with_facts(prompt, facts) if request.kind.startswith("facts") else prompt
-                reply = await answer(llm, system, request.text, settings)
-                verdict = judge(request, reply)
-                rows.append({"pack": pack, "prompt": name, "split": request.split, "kind": request.kind,
-                             "request": request.text, "reply": reply, "verdict": verdict,
-                             "repeat_back": bool(REPEAT.search(request.text)), "graded": bool(request.right)})
-                flag = "INVENTED " if verdict.get("invented") else "refused  " if verdict.get("refused") else (
-                    "wrong    " if verdict.get("right") is False else "         ")
-                print(f"  {pack[:22]:22s} {name:9s} {flag}{request.text!r} -> {reply[:90]!r}", flush=True)
+            for temperature in temperatures:
+                for request in requests:
+                    system = with_facts(prompt, facts) if request.kind.startswith("facts") else prompt
+                    reply = await answer(llm, system, request.text, settings, temperature)
+                    verdict = judge(request, reply)
+                    rows.append({"pack": pack, "prompt": name, "temperature": temperature, "split": request.split,
+                                 "kind": request.kind, "request": request.text, "reply": reply, "verdict": verdict,
+                                 "repeat_back": bool(REPEAT.search(request.text)), "graded": bool(request.right)})
+                    flag = "INVENTED " if verdict.get("invented") else "refused  " if verdict.get("refused") else (
+                        "wrong    " if verdict.get("right") is False else "         ")
+                    print(f"  {pack[:22]:22s} {name:9s} T={temperature:<4} {flag}{request.text!r} -> {reply[:90]!r}",
+                          flush=True)
     finally:
         await llm.aclose()
     return rows
@@ -130,15 +147,17 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    print("\n| pack | prompt | split | invented (uncheckable) | needless refusals | knowledge right | "
+    print("\n| pack | prompt | temperature | split | invented (uncheckable) | needless refusals | knowledge right | "
           "repeat-back right | facts right | invented about the business |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     out: dict[str, Any] = {}
-    keys = sorted({(r["pack"], r["prompt"], r["split"]) for r in rows})
-    for pack, prompt, split in keys:
-        s = summarize([r for r in rows if (r["pack"], r["prompt"], r["split"]) == (pack, prompt, split)])
-        out[f"{pack} / {prompt} / {split}"] = s
-        print(f"| {pack} | {prompt} | {split} | {share(*s['invented'])} | {share(*s['needless_refusals'])} | "
+    keys = sorted({(r["pack"], r["prompt"], r.get("temperature"), r["split"]) for r in rows})
+    for pack, prompt, temperature, split in keys:
+        key = (pack, prompt, temperature, split)
+        s = summarize([r for r in rows if (r["pack"], r["prompt"], r.get("temperature"), r["split"]) == key])
+        out[f"{pack} / {prompt} / {temperature} / {split}"] = s
+        print(f"| {pack} | {prompt} | {temperature} | {split} | {share(*s['invented'])} | "
+              f"{share(*s['needless_refusals'])} | "
               f"{share(*s['knowledge_right'])} | {share(*s['repeat_back_right'])} | {share(*s['facts_right'])} | "
               f"{share(*s['facts_invented'])} |")
     return out
@@ -150,23 +169,23 @@ def main() -> None:
     parser.add_argument("--packs", default="qwen2.5-coder-0.5b-instruct-q4_k_m,qwen2.5-coder-1.5b-instruct-q4_k_m")
     parser.add_argument("--prompts", default="default,examples", help="default, examples and/or candidate")
     parser.add_argument("--candidate", help="a system prompt to try, named 'candidate'")
+    parser.add_argument("--temperatures", help="comma-separated (default: llm.temperature)")
     parser.add_argument("--json")
     args = parser.parse_args()
     print(f"CPU: {cpu.describe()}")
     settings = Settings()
-    known = {"default": settings.session.system_prompt, "examples": EXAMPLES}
-    if args.candidate:
-        known["candidate"] = args.candidate
-    prompts = {name: known[name] for name in args.prompts.split(",")}
+    prompts = {name: prompt_named(name, settings, args.candidate) for name in args.prompts.split(",")}
     requests = [r for r in REQUESTS if args.split in ("all", r.split)]
     facts = DEMO_FACTS.read_text().strip()
+    temperatures = ([float(t) for t in args.temperatures.split(",")] if args.temperatures
+                    else [settings.llm.temperature])
     rows = []
     for pack in args.packs.split(","):
-        rows += asyncio.run(run_pack(pack, prompts, requests, settings, facts))
+        rows += asyncio.run(run_pack(pack, prompts, requests, settings, facts, temperatures))
     summary = report(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "prompts": prompts, "temperature":
-                                               settings.llm.temperature, "summary": summary, "replies": rows},
+        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "prompts": prompts, "temperatures":
+                                               temperatures, "summary": summary, "replies": rows},
                                               indent=1))
         print(f"wrote {args.json}")
 

@@ -120,13 +120,14 @@ class Gatherer:
 
 
 class WordsJudge:
-    """The embedded LLM (llm.model, the default system prompt), asked as the session asks it."""
+    """The embedded LLM (llm.model, the default system prompt, unless given), asked as the session asks it."""
 
-    def __init__(self) -> None:
-        self.llm: EmbeddedLLM = load_embedded(LlmConfig(), MonotonicClock(), sequences=2)
+    def __init__(self, pack: str | None = None, prompt: str = DEFAULT_SYSTEM_PROMPT) -> None:
+        config = LlmConfig() if pack is None else LlmConfig(model=pack)
+        self.llm: EmbeddedLLM = load_embedded(config, MonotonicClock(), sequences=2)
         self.loop = asyncio.new_event_loop()
         self.conversation = self.llm.conversation()
-        self.system = ChatMessage("system", DEFAULT_SYSTEM_PROMPT)
+        self.system = ChatMessage("system", prompt)
         self.probability("Hello there.")  # the system prompt's prefill is not a pause's cost
 
     def probability(self, words: str) -> tuple[float | None, float]:

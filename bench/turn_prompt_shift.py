@@ -5,7 +5,8 @@ is computed with the call's system prompt in front, and the shipped learned deci
 (pipeline/turn_decision.json) was trained on probabilities read with the prompt of the day. This
 replays a turn-detection run's committed evidence (docs/bench/turn_detection.json: every pause's
 transcript, timings and sound) twice with the learned decision: with the probabilities as recorded,
-and with each transcript weighed again under today's default prompt (pipeline.config), side by side,
+and with each transcript weighed again under today's default prompt (pipeline.config; or another
+prompt, `--prompt-file`, and another LLM pack, `--pack`, with the time each weighing took), side by side,
 tuned and held-out families apart. The VAD windows are rebuilt from each pause's first and last window
 (32 ms apart, silence counted from the pause's start); the first line checks that the recorded
 probabilities reproduce the run's own decisions so.
@@ -63,6 +64,8 @@ def replays(samples: list[dict[str, Any]], audio_ms: float, p_text: dict[str, fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run", default=str(RUN), help="a bench/turn_detection.py --json output")
+    parser.add_argument("--pack", help="weigh with this LLM pack (default: llm.model)")
+    parser.add_argument("--prompt-file", help="weigh under this system prompt (default: today's default)")
     parser.add_argument("--json")
     args = parser.parse_args()
     print(f"CPU: {cpu.describe()}")
@@ -77,12 +80,18 @@ def main() -> None:
           f"{same} of {len(samples)}")
 
     words = sorted({p["words"] for s in samples for p in s["pauses"] if p["words"]})
-    print(f"weighing {len(words)} transcripts under today's default system prompt", flush=True)
-    judge = WordsJudge()
+    prompt = Path(args.prompt_file).read_text().strip() if args.prompt_file else DEFAULT_SYSTEM_PROMPT
+    print(f"weighing {len(words)} transcripts with {args.pack or 'llm.model'} under "
+          f"{'the given' if args.prompt_file else 'the default'} system prompt", flush=True)
+    judge = WordsJudge(args.pack, prompt)
     try:
-        weighed = {w: judge.probability(w)[0] for w in words}
+        timed = {w: judge.probability(w) for w in words}
     finally:
         judge.close()
+    weighed = {w: p for w, (p, _) in timed.items()}
+    took = sorted(ms for _, ms in timed.values())
+    print(f"time to weigh a transcript (the LLM's part of a pause): p50 {statistics.median(took):.0f} ms, "
+          f"p90 {took[int(0.9 * (len(took) - 1))]:.0f} ms")
     old = {p["words"]: p["p_text"] for s in samples for p in s["pauses"] if p["words"]}
     pairs = [(old[w], weighed[w]) for w in words if old[w] and weighed[w]]
     shift = [math.log(b) - math.log(a) for a, b in pairs]
@@ -97,14 +106,15 @@ def main() -> None:
           f"{'p90 ms':>7} {'>700ms':>7}")
     table: dict[str, Any] = {}
     for name, chosen in groups.items():
-        for label, group in (("recorded", recorded), ("today's", now)):
+        for label, group in (("recorded", recorded), ("weighed", now)):
             s = score([r for r in group if chosen(r.sample)], method)
             table[f"{name} / {label}"] = s
             print(f"{name:9s} {label:9s} {s['cut_off_600_pct']:8}% {s['cut_off_600_upper_pct']:8}% "
                   f"{s['cut_off_pct']:7}% {s['p50_ms']:7} {s['p90_ms']:7} {s['late_pct']:6}%")
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "cpu": cpu.describe(), "run": args.run, "prompt": DEFAULT_SYSTEM_PROMPT, "reproduced": [same, len(samples)],
+            "cpu": cpu.describe(), "run": args.run, "pack": args.pack or "llm.model", "prompt": prompt,
+            "weigh_ms_p50": statistics.median(took), "reproduced": [same, len(samples)],
             "tuned_families": list(TUNED_FAMILIES), "log_shift_median": statistics.median(shift),
             "correlation": corr, "table": table, "weighed": weighed}, indent=1))
         print(f"wrote {args.json}")
