@@ -68,7 +68,10 @@ class SpeculativeConfig(BaseModel):
 class LlmConfig(BaseModel):
     engine: Literal["embedded", "openai"] = "embedded"
     model: str = Field("qwen2.5-coder-0.5b-instruct-q4_k_m",
-                       description="pack name, local folder or file, or Hugging Face id")
+                       description="pack name, local folder or file, or Hugging Face id. The default was chosen "
+                       "side by side with the 1.5B (docs/benchmarks.md, issue 32): the 1.5B knows more and repeats "
+                       "back better, but on a 2-core CPU the caller hears it ~630 ms later; set the 1.5B where the "
+                       "cores allow")
     tools_model: str = Field(
         "qwen2.5-coder-1.5b-instruct-q4_k_m",
         description="embedded engine: the pack that serves calls which have tools (and /v1 requests with tools), "
