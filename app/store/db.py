@@ -17,7 +17,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 MIGRATIONS = Path(__file__).parent / "migrations"
-_MIGRATION_LOCK = 0x766F6963  # any constant: the PostgreSQL advisory lock the migrating replica holds
+# The project's PostgreSQL advisory locks, each with a key of its own (a replica migrating and another
+# purging must not wait for each other): any constants, "voic" and "vopg".
+MIGRATION_LOCK = 0x766F6963  # held by the migrating replica, for its transaction
+PURGE_LOCK = 0x766F7067  # held by the replica purging old calls (app/store/store.py)
 
 
 def make_engine(url: str) -> AsyncEngine:
@@ -58,7 +61,7 @@ async def upgrade(engine: AsyncEngine) -> None:
     """`alembic upgrade head` on this engine (a no-op when the schema is current)."""
     async with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
-            await connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+            await connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         await connection.run_sync(_upgrade)
 
 

@@ -34,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.store import queries
 from app.store.config import StorageConfig, redact_url
-from app.store.db import make_engine, upgrade
+from app.store.db import PURGE_LOCK, make_engine, upgrade
 from app.store.export import ExportFormat, export_lines
 from app.store.objects import Fetched, RecordingBucket, is_object
 from app.store.overview import buckets
@@ -45,8 +45,6 @@ from app.store.writer import CallEnded, CallStarted, Op, RecordingSaved, TurnEnd
 from core.clock import Clock, MonotonicClock
 
 log = logging.getLogger(__name__)
-# the purge's PostgreSQL advisory lock: one replica purges at a time (any constant of the project's own)
-PURGE_LOCK = 0x766F6963  # "voic"
 
 
 class CallStore:
@@ -62,6 +60,7 @@ class CallStore:
         self._sessions: async_sessionmaker[AsyncSession] | None = None
         self._writer: Writer | None = None
         self._purger: asyncio.Task[None] | None = None
+        self.purge_rounds = 0  # rounds the retention task has finished (purged, waited for another replica, or failed)
         self._saving: set[asyncio.Task[None]] = set()  # recordings being written after their calls ended
         self.bucket: RecordingBucket | None = None  # storage.recordings_url: recordings in object storage
 
@@ -269,6 +268,7 @@ class CallStore:
             except Exception:
                 log.exception("call store: purging old calls failed; trying again in %.0f s",
                               self.config.purge_interval_s)
+            self.purge_rounds += 1
             await self._clock.sleep(self.config.purge_interval_s)
 
 

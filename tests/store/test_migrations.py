@@ -3,6 +3,7 @@ the schema the tables describe, and run again as a no-op."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -15,8 +16,8 @@ from sqlalchemy import inspect, make_url, text
 from sqlalchemy.engine import Connection
 
 from app.store import CallFilter, StorageConfig
-from app.store.db import current_revision, head_revision, make_engine, upgrade
-from app.store.store import PURGE_LOCK
+from app.store.db import MIGRATION_LOCK, PURGE_LOCK, current_revision, head_revision, make_engine, upgrade
+from app.store.store import CallStore
 from app.store.tables import Base
 from tests.postgres_server import postgres_server
 from tests.store.helpers import call, open_store, turn
@@ -119,6 +120,19 @@ async def test_calls_and_turns_round_trip_on_postgresql(postgres_url: str, tmp_p
         await store.close()
 
 
+async def first_rounds_done(*stores: CallStore) -> None:
+    """Wait (an event, not a time) until each store's retention task has done its first round, so
+    that no background purge holds the lock while a test takes it."""
+    async def done() -> None:
+        while any(store.purge_rounds < 1 for store in stores):
+            await asyncio.sleep(0.01)
+    await asyncio.wait_for(done(), 60)
+
+
+def test_migration_and_purge_have_locks_of_their_own() -> None:
+    assert MIGRATION_LOCK != PURGE_LOCK  # else a replica migrating and another purging wait for each other
+
+
 async def test_one_replica_at_a_time_purges_on_postgresql(postgres_url: str, tmp_path: Path) -> None:
     """Two stores on one PostgreSQL database (two replicas): while one holds the purge's advisory
     lock, the other's purge waits for its next round; then it purges."""
@@ -128,6 +142,7 @@ async def test_one_replica_at_a_time_purges_on_postgresql(postgres_url: str, tmp
     second = await open_store(tmp_path / "second", url=postgres_url, retention_days=1)
     engine = make_engine(StorageConfig(url=postgres_url).database_url())
     try:
+        await first_rounds_done(first, second)  # each store's retention task purges once when it opens
         first.call_started(call("old", started=recent))
         await first.flush()
         async with engine.connect() as other_replica:  # purging now, as far as the others can tell
