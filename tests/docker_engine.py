@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
+from tests.needs import missing
 
 
 def compose_command() -> list[str] | None:
@@ -35,7 +35,7 @@ def _answers(env: dict[str, str]) -> bool:
 def docker_engine(folder: Path) -> Iterator[dict[str, str]]:
     """A Docker engine that answers; yields the environment (DOCKER_HOST) that reaches it."""
     if shutil.which("docker") is None:
-        pytest.skip("no Docker client: scripts/setup.sh --test installs Debian's docker.io")
+        missing("no Docker client: scripts/setup.sh --test installs Debian's docker.io")
     if os.environ.get("DOCKER_HOST") and _answers({}):
         yield {}
         return
@@ -45,7 +45,7 @@ def docker_engine(folder: Path) -> Iterator[dict[str, str]]:
         return
     dockerd = shutil.which("dockerd") or ("/usr/sbin/dockerd" if Path("/usr/sbin/dockerd").exists() else None)
     if dockerd is None or os.geteuid() != 0:
-        pytest.skip("no container engine can be run here: no Docker engine answers, and starting dockerd needs "
+        missing("no container engine can be run here: no Docker engine answers, and starting dockerd needs "
                     "root and Debian's docker.io (scripts/setup.sh --test)")
     env = {"DOCKER_HOST": f"unix://{folder}/docker.sock"}
     log = (folder / "dockerd.log").open("wb")

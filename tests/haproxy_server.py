@@ -17,8 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
+from tests.needs import missing
 from tests.redis_server import free_port
 
 CONFIG = """\
@@ -96,7 +95,7 @@ def haproxy(folder: Path, replicas: dict[str, int], balance: str = "roundrobin",
     replica is UP."""
     binary = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
     if binary is None:
-        pytest.skip("HAProxy is not installed: scripts/setup.sh --test installs Debian's haproxy")
+        missing("HAProxy is not installed: scripts/setup.sh --test installs Debian's haproxy")
     port, admin = free_port(), folder / "haproxy.sock"
     servers = "\n".join(f"    server {name} 127.0.0.1:{replica}" for name, replica in replicas.items())
     config = folder / "haproxy.cfg"

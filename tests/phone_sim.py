@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 from twilio.request_validator import RequestValidator
+from websockets.exceptions import ConnectionClosed
 
 from pipeline.audio import float_to_mulaw, mulaw_to_pcm16, resample
 
@@ -140,6 +141,7 @@ class PhoneSim:
     playback_starts: list[float] = field(default_factory=list)
     closed: bool = False
     closed_at: float | None = None  # time.monotonic() when the socket closed
+    malformed: Exception | None = None  # what went wrong reading a frame the server sent (raised by wait_until)
 
     def __post_init__(self) -> None:
         self._ws: Any = None
@@ -260,8 +262,10 @@ class PhoneSim:
                     for name in pending:
                         await self._echo(name, played=False)
                 self._changed.set()
-        except Exception:  # the connection closed; callers see it through `closed`
+        except ConnectionClosed:  # callers see it through `closed`
             pass
+        except Exception as exc:  # a frame a Twilio or Telnyx client could not read: the server's bug
+            self.malformed = exc
         finally:
             self.closed = True
             self.closed_at = time.monotonic()
@@ -339,6 +343,8 @@ class PhoneSim:
         """Wait until `condition()` holds (checked whenever anything is received or played)."""
         deadline = time.monotonic() + timeout
         while not condition():
+            if self.malformed is not None:
+                raise AssertionError(f"the server sent a frame the phone could not read: {self.malformed!r}")
             if self.closed and not condition():
                 raise ConnectionError(f"the server closed the call (code {self.close_code})")
             remaining = deadline - time.monotonic()

@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
+from tests.needs import missing
 from tests.redis_server import free_port
 
 GIVEN_URL = os.environ.get("VOICE_AGENT_TEST_POSTGRES_URL", "")
@@ -43,7 +42,7 @@ def postgres_server() -> Iterator[str]:
         return
     binaries = _binaries()
     if binaries is None:
-        pytest.skip("PostgreSQL is not installed: scripts/setup.sh --test installs Debian's postgresql "
+        missing("PostgreSQL is not installed: scripts/setup.sh --test installs Debian's postgresql "
                     "(or set VOICE_AGENT_TEST_POSTGRES_URL)")
     folder = Path(tempfile.mkdtemp(prefix="voice-agent-pg-"))
     data, port = folder / "data", free_port()

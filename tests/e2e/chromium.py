@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.needs import missing
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -18,7 +18,7 @@ def start_chromium(profile: Path, *flags: str) -> Any:
     """A Selenium driver for a fresh headless Chromium (skips the test without Debian's packages).
     The caller quits it."""
     if not CHROMIUM.exists() or not CHROMEDRIVER.exists():
-        pytest.skip(f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER})")
+        missing(f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER})")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

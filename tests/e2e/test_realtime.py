@@ -113,7 +113,11 @@ async def test_the_official_sdk_asks_a_spoken_question_and_hears_the_answer(
         deltas = "".join(e["delta"] for e in line.of("response.output_audio_transcript.delta"))
         assert words(deltas) == words(said)
         # our own figures ride along in a field the SDK keeps as an extra
-        assert response["voice_agent"]["latency_ms"]["first_audio_sent"] >= 0
+        ours = response["voice_agent"]
+        marks = ours["latency_ms"]  # ms since the end-of-turn decision, each stage's first
+        assert set(marks) >= {"llm_first_token", "first_phrase", "tts_first_audio", "first_audio_sent"}, marks
+        assert marks["llm_first_token"] <= marks["tts_first_audio"] <= marks["first_audio_sent"], marks
+        assert ours["voice_to_voice_ms"] > 0  # audio went out after the caller's speech really ended
         pcm = b"".join(base64.b64decode(e["delta"]) for e in line.of("response.output_audio.delta"))
         audio = (np.frombuffer(pcm, dtype="<i2") / 32768).astype(np.float32)
         heard = words(recognizer.transcribe(resample(audio, 24000, 16000)))
