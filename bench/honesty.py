@@ -151,10 +151,10 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
           "repeat-back right | facts right | invented about the business |")
     print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     out: dict[str, Any] = {}
-    keys = sorted({(r["pack"], r["prompt"], r.get("temperature"), r["split"]) for r in rows})
+    keys = sorted({(r["pack"], r["prompt"], r["temperature"], r["split"]) for r in rows})
     for pack, prompt, temperature, split in keys:
         key = (pack, prompt, temperature, split)
-        s = summarize([r for r in rows if (r["pack"], r["prompt"], r.get("temperature"), r["split"]) == key])
+        s = summarize([r for r in rows if (r["pack"], r["prompt"], r["temperature"], r["split"]) == key])
         out[f"{pack} / {prompt} / {temperature} / {split}"] = s
         print(f"| {pack} | {prompt} | {temperature} | {split} | {share(*s['invented'])} | "
               f"{share(*s['needless_refusals'])} | "

@@ -20,6 +20,7 @@ import json
 import re
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.settings import Settings
 from bench.honesty import prompt_named
 from bench.recall_set import HELD_ITEMS, MIDDLE, RECALL_ASK, REPEAT_ASK, TUNE_ITEMS, Item
+from bench.voice_latency import pct
 from core.clock import MonotonicClock
 from models import cpu
 from models.protocols import ChatMessage, SamplingParams, TextDelta
@@ -69,8 +71,9 @@ class Call:
                 if not reply:
                     self.first_token_ms.append((clock.now() - asked) * 1000)
                 reply += out.text
-        self.history.append(ChatMessage("assistant", reply.strip()))
-        return reply.strip()
+        reply = reply.strip()
+        self.history.append(ChatMessage("assistant", reply))
+        return reply
 
     async def aclose(self) -> None:
         await self.conversation.aclose()
@@ -85,8 +88,7 @@ async def run(pack: str, prompts: dict[str, str], temperatures: list[float], ite
         for name, prompt in prompts.items():
             await asyncio.to_thread(llm.warm_up, prompt)
             for temperature in temperatures:
-                sampling = SamplingParams(temperature=temperature, top_p=settings.llm.top_p,
-                                          top_k=settings.llm.top_k, max_tokens=settings.llm.max_tokens)
+                sampling = replace(settings.sampling(), temperature=temperature)
                 for n, item in enumerate(items):
                     for test in ("repeat_back", "five_turn"):
                         call = Call(llm, prompt, sampling)
@@ -118,9 +120,8 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
         mine = [r for r in rows if (r["pack"], r["prompt"], r["temperature"]) == key]
         repeat = [r["right"] for r in mine if r["test"] == "repeat_back"]
         recall = [r["right"] for r in mine if r["test"] == "five_turn"]
-        firsts = sorted(ms for r in mine for ms in r["first_token_ms"])
-        p50 = statistics.median(firsts)
-        p90 = firsts[min(len(firsts) - 1, int(0.9 * len(firsts)))]
+        firsts = [ms for r in mine for ms in r["first_token_ms"]]
+        p50, p90 = statistics.median(firsts), pct(firsts, 0.9)
         out[" / ".join(map(str, key))] = {"repeat_back": [sum(repeat), len(repeat)],
                                           "five_turn": [sum(recall), len(recall)],
                                           "first_token_ms_p50": round(p50, 1), "first_token_ms_p90": round(p90, 1)}
