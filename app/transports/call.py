@@ -333,7 +333,7 @@ class Call:
         `max_audio_backlog_ms` of it waits for the pipeline (counted in samples: frames may differ in
         size), else resampled to the VAD's rate, recorded for the call and queued."""
         assert self.session is not None and self.resampler is not None
-        if 1000 * self.session.audio_in_samples / self.resampler.out_rate > self.settings.max_audio_backlog_ms:
+        if 1000 * self.session.audio_in.backlog_samples / self.resampler.out_rate > self.settings.max_audio_backlog_ms:
             now = self.runtime.clock.now()
             if now - self.backlog_warned_at > 1.0:  # at most once a second
                 self.backlog_warned_at = now
@@ -344,7 +344,6 @@ class Call:
         now = self.runtime.clock.now()
         if self.call_log is not None:
             self.call_log.caller_audio(samples, self.resampler.out_rate, now)
-        self.session.audio_in_samples += len(samples)
         await self.session.audio_in.put(AudioFrame(samples, now))
 
     async def on_turn(self, done: ResponseDone) -> None:

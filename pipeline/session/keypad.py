@@ -1,17 +1,15 @@
 """Keys pressed on a phone (DTMF): a turn of their own, collected until `session.dtmf_timeout_ms`
 passes without one, then answered like words ("The caller pressed 4 2 # on the phone keypad.").
-A key pressed while the bot talks interrupts it, like a word."""
+A key pressed while the bot talks interrupts it, like a word (the session does that)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
-from pipeline.events import (
-    TranscriptFinal,
-)
-from pipeline.session.state import SessionState
-from pipeline.turns import Turn
+from core.clock import Clock
+from pipeline.config import SessionConfig
 
 log = logging.getLogger(__name__)
 
@@ -21,44 +19,44 @@ def dtmf_text(digits: list[str]) -> str:
     return f"The caller pressed {' '.join(digits)} on the phone keypad."
 
 
-class KeypadMixin(SessionState):
-    async def on_dtmf(self, digit: str) -> None:
-        """A key pressed on the caller's phone. Keys interrupt the bot like words; they are collected
-        until none comes for `session.dtmf_timeout_ms`, then answered as the caller's turn."""
-        cfg = self.config.session
-        if self.closed:
-            return
-        if len(self.digits) >= cfg.max_dtmf_digits:
-            log.warning("more than %d keys in one turn; %r dropped", cfg.max_dtmf_digits, digit)
-            return
-        self.digits.append(digit)
-        self.last_digit_at = self.clock.now()
-        if self.dtmf_timer is not None:
-            self.dtmf_timer.cancel()
-        self.dtmf_timer = asyncio.create_task(self._digits_after(cfg.dtmf_timeout_ms / 1000))
-        if self._bot_talking() or self.pending_barge is not None:
-            await self._barge_in("a key press")
+class Keypad:
+    """Collects keys; `on_keys(digits, last_at)` is called once none came for dtmf_timeout_ms
+    (`last_at`: the clock time of the last key, the caller's true end of turn)."""
 
-    async def _digits_after(self, wait: float) -> None:
+    def __init__(self, config: SessionConfig, clock: Clock,
+                 on_keys: Callable[[list[str], float], Awaitable[None]]) -> None:
+        self.config = config
+        self.clock = clock
+        self.on_keys = on_keys
+        self._digits: list[str] = []  # pressed, not yet answered
+        self._last_at = 0.0
+        self._timer: asyncio.Task[None] | None = None
+
+    @property
+    def collecting(self) -> bool:
+        """Keys were pressed and their turn is not answered yet."""
+        return self._timer is not None
+
+    def press(self, digit: str) -> bool:
+        """A key: collected (False: one too many for a turn, dropped)."""
+        if len(self._digits) >= self.config.max_dtmf_digits:
+            log.warning("more than %d keys in one turn; %r dropped", self.config.max_dtmf_digits, digit)
+            return False
+        self._digits.append(digit)
+        self._last_at = self.clock.now()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = asyncio.create_task(self._after(self.config.dtmf_timeout_ms / 1000))
+        return True
+
+    async def _after(self, wait: float) -> None:
         await self.clock.sleep(wait)
-        digits, self.digits = self.digits, []
-        self.dtmf_timer = None
-        if not digits:
-            return
-        # A turn like a spoken one: it ends (speech_end) when the keys are judged complete, and its
-        # "transcript" is ready at once; the caller's true end is the last key press.
-        turn = Turn(next(self.turn_ids))
-        self.last_started = max(self.last_started, turn.turn_id)
-        now = self.clock.now()
-        turn.mark("speech_end", now)
-        turn.mark("asr_final", now)
-        turn.ended_at = self.last_digit_at
-        turn.dtmf = " ".join(digits)
-        self.turns[turn.turn_id] = turn
-        text = dtmf_text(digits)
-        log.info("turn %d: keys %s", turn.turn_id, " ".join(digits))
-        reply = self.reply
-        if reply is not None and reply.preemptive and not reply.confirmed.is_set():
-            await self._discard_preemptive(reply, "the caller pressed keys")  # nobody heard it
-        await self.outbound.send_event(TranscriptFinal(turn.turn_id, text, now))
-        await self._start_reply(turn, text)  # not if the caller hung up meanwhile (_start_reply checks)
+        digits, self._digits = self._digits, []
+        self._timer = None
+        if digits:
+            await self.on_keys(digits, self._last_at)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

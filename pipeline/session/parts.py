@@ -1,9 +1,11 @@
-"""What a session is made of: the engines it shares with other calls, its settings, its transport
-(Outbound) and recording tap (AudioTap), and one reply in flight (Reply)."""
+"""What a session is made of: the engines it shares with other calls, its settings, its two ports
+to the transport (Inbound for the caller's audio, Outbound for what goes back), its recording tap
+(AudioTap), and one reply in flight (Reply)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -22,6 +24,7 @@ from models.protocols import (
 from models.tool_calls import Tools
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
 from pipeline.events import (
+    AudioFrame,
     OutEvent,
     ReplyAudio,
 )
@@ -81,6 +84,27 @@ class Outbound(Protocol):
         ...
 
 
+class Inbound:
+    """The way in for the caller's audio: frames queued for the session's input line, with the
+    backlog the transport bounds (server.max_audio_backlog_ms). `put(None)`: the caller hung up.
+    The way in for control (keys, playback reports, typed turns, tool results) is Session's methods."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[AudioFrame | None] = asyncio.Queue()
+        self.backlog_samples = 0  # queued, not yet taken by the input line
+
+    async def put(self, frame: AudioFrame | None) -> None:
+        if frame is not None:
+            self.backlog_samples += len(frame.samples)
+        await self._queue.put(frame)
+
+    async def frames(self) -> AsyncIterator[AudioFrame]:
+        """The frames in order, until the caller hangs up."""
+        while (frame := await self._queue.get()) is not None:
+            self.backlog_samples -= len(frame.samples)
+            yield frame
+
+
 @dataclass
 class Reply:
     turn: Turn
@@ -122,6 +146,65 @@ class Reply:
     in_history: bool = True  # False: an out-of-band reply, which the history does not keep
     taken_back: bool = False  # the caller went on at its start: it left the history (session.take_back_ms)
     speaks: bool = True  # False: a text reply (the Realtime API's output_modalities ["text"]): no TTS, no audio
+
+    def report_played(self, played: int, stopped: bool, now: float) -> None:
+        """The client has played `played` samples of the turn's audio (its count includes earlier
+        replies to the turn); `stopped`: it stopped there (exact, not carried forward)."""
+        played -= self.offset_samples
+        sent = self.ledger.sent_samples()
+        if stopped:
+            self.played_samples = min(sent, max(0, played))
+        else:
+            self.played_samples = min(sent, max(played, self.played_samples or 0))
+        self.played_at = now
+        self.playback_stopped = stopped
+
+    def heard_samples(self, now: float, rate: int) -> int:
+        """The client's last report, carried forward at playback speed to `now`, within what was sent."""
+        assert self.played_samples is not None
+        if self.playback_stopped:
+            return self.played_samples
+        since = max(0.0, now - self.played_at)
+        return min(self.ledger.sent_samples(), self.played_samples + int(since * rate))
+
+    def heard_text(self, status: str, now: float, rate: int) -> str:
+        """The words the history keeps of it, ending with `status`: every word when it completed
+        (or was text only), else the words the client says it played, else the words sent (paced to
+        playback, the best estimate without reports)."""
+        if status in ("completed", "tool_calls") or not self.speaks:
+            return self.ledger.full_text()
+        if self.played_samples is not None:
+            return self.ledger.text_until(self.heard_samples(now, rate))
+        return self.ledger.sent_text()
+
+    async def confirm(self, outbound: Outbound) -> None:
+        """Its turn is over with the words it answers: it may be heard. The events held until now
+        go out first; events that come meanwhile wait behind them, in order."""
+        self.flushing = True
+        self.confirmed.set()
+        try:
+            while self.unsent:
+                await outbound.send_event(self.unsent.pop(0))
+        finally:
+            self.flushing = False
+
+    async def send(self, outbound: Outbound, event: OutEvent) -> None:
+        """Send one of its events, or hold it while it is preemptive and unconfirmed: the caller
+        learns nothing of a reply that may be dropped."""
+        if self.confirmed.is_set() and not self.flushing:
+            await outbound.send_event(event)
+        else:
+            self.unsent.append(event)
+
+    async def stop(self) -> None:
+        """Stop its producer and player and wait until they have stopped."""
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def end(self) -> None:
+        self.finished = True
+        self.ended.set()
 
 
 @dataclass

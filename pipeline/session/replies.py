@@ -8,22 +8,19 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
 from core.clock import Clock
 from core.errors import VoiceAgentError
-from models.protocols import (
-    ChatMessage,
-)
-from models.tool_calls import Tools
+from models.protocols import ChatMessage, Conversation
+from models.tool_calls import ToolCall, Tools
 from pipeline.audio import resample
 from pipeline.chunker import chunk_stage
 from pipeline.events import (
     ErrorEvent,
     FunctionCallDelta,
-    OutEvent,
     Phrase,
     ReplyAudio,
     ReplyEvent,
@@ -34,16 +31,18 @@ from pipeline.events import (
     ReplyToolCallDelta,
     ResponseDone,
 )
-from pipeline.history import prompt_window
 from pipeline.llm_stage import llm_stage
-from pipeline.session.parts import Reply
-from pipeline.session.state import SessionState
+from pipeline.session.barge_in import BargeIn
+from pipeline.session.history import History
+from pipeline.session.parts import Backends, Outbound, PipelineConfig, Reply
+from pipeline.session.playout import Player
+from pipeline.session.turn_book import TurnBook
+from pipeline.tools import ToolBox
 from pipeline.trim import trim_phrase
 from pipeline.tts_stage import tts_stage
 from pipeline.turns import Turn
 
 log = logging.getLogger(__name__)
-FINISHED_KEPT = 4  # finished replies whose heard words a client may still correct (Session.cut_heard)
 
 
 async def _one(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:
@@ -56,62 +55,112 @@ async def _said(turn_id: int, text: str, clock: Clock) -> AsyncGenerator[ReplyEv
     yield ReplyFinished(turn_id, None, clock.now())
 
 
-class RepliesMixin(SessionState):
-    def _tools(self, step: int) -> Tools | None:
+class ReplyEvents(Protocol):
+    """What a reply tells the rest of the call (the session routes it to its tool-calls part)."""
+
+    async def tool_call(self, reply: Reply, call: ToolCall, generation: int) -> None:
+        """The reply made a call (dispatched once the reply is known to be heard)."""
+        ...
+
+    def reply_done(self, reply: Reply, status: str) -> None:
+        """The reply ended with `status` and was reported."""
+        ...
+
+    async def record(self, done: ResponseDone) -> None:
+        """The turn's record (one per turn: the reply that answers it)."""
+        ...
+
+
+class Replies:
+    """The session's reply in flight (`current`, at most one) and the ones before it."""
+
+    def __init__(self, backends: Backends, config: PipelineConfig, clock: Clock, outbound: Outbound, rate: int,
+                 conversation: Conversation, history: History, book: TurnBook, barge: BargeIn, player: Player,
+                 events: ReplyEvents, toolbox: ToolBox | None) -> None:
+        self.backends = backends
+        self.config = config
+        self.clock = clock
+        self.outbound = outbound
+        self.rate = rate
+        self.conversation = conversation
+        self.history = history
+        self.book = book
+        self.barge = barge
+        self.player = player
+        self.events = events
+        self.toolbox = toolbox
+        self.current: Reply | None = None
+        self.generation = 0  # bumped by every barge-in and every new reply: a reply's tasks check it
+        self.speaks = True  # replies are spoken; False: text only (no TTS), for the replies started from now
+        self._preparing: asyncio.Task[None] | None = None  # the LLM's head start on the next prompt
+        self.discarded = 0  # preemptive replies dropped since the last reply was sent
+        self.discarded_words = 0
+
+    def talking(self) -> bool:
+        """A reply is going that the caller may hear (not a preemptive one still held)."""
+        return self.current is not None and self.current.confirmed.is_set()
+
+    def tools(self, step: int) -> Tools | None:
         return self.toolbox.tools(step) if self.toolbox is not None else None
 
-    def _prepare(self, messages: tuple[ChatMessage, ...]) -> None:
+    def prepare(self, messages: tuple[ChatMessage, ...]) -> None:
         """Give the LLM a head start: prefill the conversation so far (and the caller's words while
         they speak), so that at the final transcript only what changed is computed. Only between
         replies: a reply's generation owns the conversation's cache while it runs."""
-        if self.preparing is not None and not self.preparing.done():
-            self.preparing.cancel()
-        self.preparing = asyncio.create_task(self._prepare_quietly(messages))
+        if self._preparing is not None and not self._preparing.done():
+            self._preparing.cancel()
+        self._preparing = asyncio.create_task(self._prepare_quietly(messages))
 
     async def _prepare_quietly(self, messages: tuple[ChatMessage, ...]) -> None:
         try:
-            await self.conversation.prepare(messages, self._tools(1))
+            await self.conversation.prepare(messages, self.tools(1))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a head start that fails costs nothing but the head start
             log.warning("LLM head start failed: %s", exc)
 
-    async def _start_reply(self, turn: Turn, text: str | None, preemptive: bool = False, step: int = 1,
-                           fixed_text: str | None = None, instructions: str | None = None,
-                           in_history: bool = True, context: tuple[ChatMessage, ...] | None = None,
-                           tools: Tools | Literal["call"] | None = "call") -> None:
+    def stop_preparing(self) -> None:
+        if self._preparing is not None:
+            self._preparing.cancel()
+
+    async def start(self, turn: Turn, text: str | None, preemptive: bool = False, step: int = 1,
+                    fixed_text: str | None = None, instructions: str | None = None,
+                    in_history: bool = True, context: tuple[ChatMessage, ...] | None = None,
+                    tools: Tools | Literal["call"] | None = "call") -> None:
         """Start the reply line for the caller's words. A preemptive reply (at a pause, on the early
-        transcript) runs the LLM and TTS at once but sends nothing until `_confirm`; its words join
+        transcript) runs the LLM and TTS at once but sends nothing until `confirm`; its words join
         the history only then. `text` None: a reply to the same turn (a follow-up to tool results,
         step > 1, or the `fixed_text` filler). `instructions`: this reply's system prompt;
         `in_history` False: neither the words nor the reply join the history (an out-of-band reply).
         `context`: the messages it answers in place of the history's (a client's own input for one
         response); `tools`: its own tools in place of the call's at this step ("call")."""
-        if self.closed:
+        if self.book.closed:
             log.info("turn %d: not answered: the caller has gone", turn.turn_id)
             return
-        self._release_reply()
-        await self._cancel_reply("interrupted")
+        self.barge.release()
+        await self.cancel("interrupted")
         user = ChatMessage("user", text or "")
         if text is not None and not preemptive and in_history:
-            self._keep(turn.turn_id, user)
+            self.history.keep(turn.turn_id, user)
         if text is not None:
-            self.answering = turn.turn_id
+            self.book.answering = turn.turn_id
         self.generation += 1
-        prompt = (*self._prompt(), user) if preemptive or (text is not None and not in_history) else self._prompt()
+        prompt = self.history.prompt()
+        if preemptive or (text is not None and not in_history):
+            prompt = (*prompt, user)
         if context is not None:
             prompt = (prompt[0], *context)
         if instructions is not None:
             prompt = (ChatMessage("system", instructions), *prompt[1:])
         reply = Reply(turn, prompt=prompt, user_text=text or "", preemptive=preemptive, step=step,
                       fixed_text=fixed_text, offset_samples=turn.sent_samples, speaks=self.speaks,
-                      in_history=in_history, tools=self._tools(step) if tools == "call" else tools)
+                      in_history=in_history, tools=self.tools(step) if tools == "call" else tools)
         if not preemptive:
             reply.confirmed.set()
-        self.reply = reply
+        self.current = reply
         generation = self.generation
         # The LLM serves the call whose audio is due soonest: first, this reply's first audio. A
-        # preemptive reply is due nowhere until its turn is confirmed over (`_confirm`), so calls
+        # preemptive reply is due nowhere until its turn is confirmed over (`confirm`), so calls
         # with audio due go first.
         if preemptive:
             self.conversation.set_deadline(None)
@@ -122,19 +171,13 @@ class RepliesMixin(SessionState):
             asyncio.create_task(self._play(reply, generation)),
         ]
 
-    async def _confirm(self, reply: Reply) -> None:
+    async def confirm(self, reply: Reply) -> None:
         """The turn a preemptive reply answers is over, with the same words: it joins the history
         and sends what it has (held text at once, audio paced as usual)."""
         log.info("turn %d: preemptive reply confirmed (%d words ready)", reply.turn.turn_id, reply.words)
-        self._keep(reply.turn.turn_id, ChatMessage("user", reply.user_text))
+        self.history.keep(reply.turn.turn_id, ChatMessage("user", reply.user_text))
         self._first_audio_due(reply)
-        reply.flushing = True  # events that come while the held ones go out wait behind them, in order
-        reply.confirmed.set()
-        try:
-            while reply.unsent:
-                await self.outbound.send_event(reply.unsent.pop(0))
-        finally:
-            reply.flushing = False
+        await reply.confirm(self.outbound)
 
     def _first_audio_due(self, reply: Reply) -> None:
         """The reply's first audio is due first_audio_budget_ms after the caller's end of speech;
@@ -144,24 +187,21 @@ class RepliesMixin(SessionState):
         reply.first_audio_due = ended + self.config.session.first_audio_budget_ms / 1000
         self.conversation.set_deadline(reply.first_audio_due)
 
-    async def _send_for(self, reply: Reply, event: OutEvent) -> None:
-        """Send a reply's event, or hold it while the reply is preemptive and unconfirmed: the
-        caller learns nothing of a reply that may be dropped."""
-        if reply.confirmed.is_set() and not reply.flushing:
-            await self.outbound.send_event(event)
-        else:
-            reply.unsent.append(event)
-
-    async def _discard_preemptive(self, reply: Reply, why: str) -> None:
+    async def discard_preemptive(self, reply: Reply, why: str) -> None:
         """Drop a preemptive reply nobody heard. The LLM's cache keeps the prompt, so a reply to the
         longer turn recomputes only what changed."""
         log.info("turn %d: preemptive reply dropped (%s) after %d words", reply.turn.turn_id, why, reply.words)
-        await self._cancel_reply("interrupted", send=False)
+        await self.cancel("interrupted", send=False)
 
-    def _prompt(self) -> tuple[ChatMessage, ...]:
-        cfg = self.config.session
-        return prompt_window(self.history, cfg.max_history_messages,
-                             min(cfg.history_drop_block, cfg.max_history_messages))
+    async def discard_unconfirmed(self, why: str) -> None:
+        """The preemptive reply in flight, if one is still held, is dropped (nobody heard it)."""
+        reply = self.current
+        if reply is not None and reply.preemptive and not reply.confirmed.is_set():
+            await self.discard_preemptive(reply, why)
+
+    async def _play(self, reply: Reply, generation: int) -> None:
+        if await self.player.play(reply, lambda: generation == self.generation):
+            await self.finish(reply, "failed" if reply.error else "tool_calls" if reply.runs else "completed")
 
     async def _produce(self, reply: Reply, generation: int) -> None:
         """Run LLM -> chunker -> TTS for the turn and fill the playout queue; whatever happens, end
@@ -173,7 +213,7 @@ class RepliesMixin(SessionState):
         text = (llm_stage(_one(request), self.conversation, cfg.sampling, self.clock, budget)
                 if reply.fixed_text is None else _said(turn.turn_id, reply.fixed_text, self.clock))
         phrases = chunk_stage(text, cfg.chunker, self.clock)
-        audio = (tts_stage(phrases, self.backends.tts, self.backends.tts_worker, self.output_rate, self.clock,
+        audio = (tts_stage(phrases, self.backends.tts, self.backends.tts_worker, self.rate, self.clock,
                            cfg.session.tts_trim)
                  if reply.speaks else phrases)
         try:
@@ -184,20 +224,20 @@ class RepliesMixin(SessionState):
                     if isinstance(event, ReplyText):
                         turn.mark("llm_first_token", event.at)
                         reply.words += len(event.text.split())
-                        await self._send_for(reply, event)
+                        await reply.send(self.outbound, event)
                     elif isinstance(event, Phrase):
                         turn.mark("first_phrase", event.at)
                         reply.ledger.add_phrase(event.index, event.text)
                     elif isinstance(event, ReplyAudio):
                         turn.mark("tts_first_audio", event.at)
                         reply.ledger.add_audio(event.phrase_index, len(event.samples))
-                        await self._queue_audio(reply, event)
+                        await self.player.queue(reply, event)
                     elif isinstance(event, ReplyToolCallDelta):  # the client sees its own calls as written
                         if self.toolbox is not None and self.toolbox.runs_on(event.name) == "client":
-                            await self._send_for(reply, FunctionCallDelta(turn.turn_id, event.call_id, event.name,
+                            await reply.send(self.outbound, FunctionCallDelta(turn.turn_id, event.call_id, event.name,
                                                                           event.delta))
                     elif isinstance(event, ReplyToolCall):
-                        await self._dispatch(reply, event.call, generation)
+                        await self.events.tool_call(reply, event.call, generation)
                     elif isinstance(event, ReplyFinished):
                         reply.stats = event.stats
                         if event.error:
@@ -210,7 +250,7 @@ class RepliesMixin(SessionState):
                 log.error("turn %d: the reply failed: %s", turn.turn_id, detail, exc_info=exc)
                 reply.error = f"{code}: {detail}"  # the call's record keeps the detail; the caller gets
                 told = str(exc) if isinstance(exc, VoiceAgentError) else "an unexpected error (in the server log)"
-                await self._send_for(reply, ErrorEvent(code, f"the reply failed: {told}", turn.turn_id))
+                await reply.send(self.outbound, ErrorEvent(code, f"the reply failed: {told}", turn.turn_id))
         finally:
             reply.produced.set()
             reply.playout.put_nowait(None)  # the player always learns that nothing more is coming
@@ -222,43 +262,35 @@ class RepliesMixin(SessionState):
         """The LLM failed: say a short apology, unless reply audio was already queued (never fall
         back once the turn has sent audio)."""
         code = (reply.error or "engine_error").split(":", 1)[0]
-        await self._send_for(reply, ErrorEvent(code, f"the reply failed: {reply.error}", reply.turn.turn_id))
+        await reply.send(self.outbound, ErrorEvent(code, f"the reply failed: {reply.error}", reply.turn.turn_id))
         if reply.ledger.produced or not reply.speaks:
             return
         tts, apology = self.backends.tts, self.config.session.apology
         chunks = await self.backends.tts_worker.run(lambda: list(tts.synthesize(apology)))
-        resampled = (resample(np.asarray(chunk, dtype=np.float32), tts.sample_rate, self.output_rate)
+        resampled = (resample(np.asarray(chunk, dtype=np.float32), tts.sample_rate, self.rate)
                      for chunk in chunks)
-        for audio in trim_phrase(resampled, self.output_rate, apology, self.config.session.tts_trim):
+        for audio in trim_phrase(resampled, self.rate, apology, self.config.session.tts_trim):
             reply.turn.mark("tts_first_audio", self.clock.now())
-            await self._queue_audio(reply, ReplyAudio(reply.turn.turn_id, -1, audio, self.clock.now()))
+            await self.player.queue(reply, ReplyAudio(reply.turn.turn_id, -1, audio, self.clock.now()))
 
-    async def _finish(self, reply: Reply, status: str, send: bool = True) -> None:
+    async def finish(self, reply: Reply, status: str, send: bool = True) -> None:
         if reply.finished:
             return
-        reply.finished = True
-        reply.ended.set()
-        if self.reply is reply:
-            self.reply = None
-        if self.reply is None:  # no reply runs: the LLM owes this call nothing
+        reply.end()
+        if self.current is reply:
+            self.current = None
+        if self.current is None:  # no reply runs: the LLM owes this call nothing
             self.conversation.set_deadline(None)
-        if status in ("completed", "tool_calls") or not reply.speaks:  # a text reply: every word was sent
-            text = reply.ledger.full_text()
-        elif reply.played_samples is not None:  # what the client says it played
-            text = reply.ledger.text_until(self._heard_samples(reply))
-        else:  # no word from the client: what was sent, paced to playback, is the best estimate
-            text = reply.ledger.sent_text()
+        text = reply.heard_text(status, self.clock.now(), self.rate)
         reply.kept_text = text
         if (text and not reply.runs and reply.fixed_text is None and reply.in_history
                 and not reply.taken_back):  # calls': see _after_tools
             message = ChatMessage("assistant", text)
-            self._keep(reply.turn.turn_id, message)
-            if reply.speaks:  # a client may yet say it stopped playing it short (cut_heard)
-                self.finished[reply.turn.turn_id] = (reply, message)
-                while len(self.finished) > FINISHED_KEPT:
-                    del self.finished[next(iter(self.finished))]
+            self.history.keep(reply.turn.turn_id, message)
+            if reply.speaks:  # a client may yet say it stopped playing it short (History.cut)
+                self.history.keep_finished(reply.turn.turn_id, reply, message)
         if not reply.runs:
-            self.turns.pop(reply.turn.turn_id, None)
+            self.book.close(reply.turn.turn_id)
         done = ResponseDone(
             reply.turn.turn_id, text, status, reply.turn.latency_ms(), reply.turn.voice_to_voice_ms(), reply.stats,
             reply.deadline_missed, reply.underruns, round(reply.underrun_s * 1000, 1),
@@ -276,38 +308,20 @@ class RepliesMixin(SessionState):
                  f" ({done.underruns} underruns, {done.underrun_ms:.0f} ms)" if done.underruns else "")
         if send:
             await self.outbound.send_event(done)
-        if (status == "completed" and self.ending_turn == reply.turn.turn_id and reply.step > 1
-                and reply.fixed_text is None and self.hang_up is not None):
-            task = asyncio.create_task(self._hang_up_after(reply))
-            self.tool_tasks.add(task)
-            task.add_done_callback(self.tool_tasks.discard)
+        self.events.reply_done(reply, status)
         # One record per turn: the reply that answers it (with every call the turn made); a reply
         # that made calls is recorded only if no answer follows (_after_tools), a filler never.
         if reply.runs:
             reply.turn.held_record = done
         elif reply.fixed_text is None:
-            await self._record(done)
+            await self.events.record(done)
 
-    def _keep(self, turn_id: int, message: ChatMessage, at: int | None = None) -> None:
-        """`message` joins the history (at the end, or at `at`), as turn `turn_id`'s."""
-        if at is None:
-            self.history.append(message)
-        else:
-            self.history.insert(at, message)
-        self.said.setdefault(turn_id, []).append(message)
-
-    async def _record(self, done: ResponseDone) -> None:
-        if self.on_turn is not None:
-            result = self.on_turn(done)
-            if result is not None:
-                await result
-
-    async def _cancel_reply(self, status: str, send: bool = True, keep: bool = False) -> None:
+    async def cancel(self, status: str, send: bool = True, keep: bool = False) -> None:
         """Stop the reply in progress. `send`: tell the caller (response.done); `keep`: without
         telling, still hand the turn to on_turn (its record) when some of its audio was sent. A
         preemptive reply not yet confirmed was never heard, whoever stops it (the caller went on,
         spoke again, pressed keys, hung up): it is only counted as discarded, never reported."""
-        reply = self.reply
+        reply = self.current
         if reply is None:
             return
         if not reply.confirmed.is_set():
@@ -315,16 +329,13 @@ class RepliesMixin(SessionState):
             self.discarded_words += reply.words
             send = keep = False
         self.generation += 1
-        self.reply = None
-        for task in reply.tasks:
-            task.cancel()
-        await asyncio.gather(*reply.tasks, return_exceptions=True)
+        self.current = None
+        await reply.stop()
         # A cap set while the reply ran far ahead of playback must not outlive the reply.
         self.conversation.set_speculation_cap(None)
-        if self.tap is not None and reply.ledger.sent_samples():
-            self.tap.bot_stopped(self.clock.now())  # sent ahead of playback, then cut: never heard
+        if self.player.tap is not None and reply.ledger.sent_samples():
+            self.player.tap.bot_stopped(self.clock.now())  # sent ahead of playback, then cut: never heard
         if send or (keep and reply.ledger.sent_samples()):
-            await self._finish(reply, status, send=send)
+            await self.finish(reply, status, send=send)
         else:
-            reply.finished = True
-            reply.ended.set()
+            reply.end()

@@ -3,34 +3,31 @@
     audio in -> vad_stage -> asr_stage                         (the input line, for the whole call)
     transcript -> llm_stage -> chunk_stage -> tts_stage -> playout -> audio out   (one reply line per turn)
 
-The input line runs for the whole call. Each final transcript starts a reply: a producer task runs
-the reply line and fills a playout queue; a player task sends its audio no faster than real time
-(plus a small lead), so "sent" stays close to "heard". When the caller speaks during a reply
-(barge-in) the reply's generation is bumped, both tasks are cancelled, the LLM and TTS work stops,
-and the history keeps only the part of the reply that was sent.
+The session is a small façade over its parts, each owning its own state and given only what it
+needs (see the package doc). This module is the input line for the whole call, routing its events
+to a turn, and the session's two ports: `audio_in` (Inbound) for the caller's audio, and its public
+methods for control (keys, playback reports, typed turns, tool results, settings).
 
-Keys pressed on a phone (DTMF, `on_dtmf`) are a turn of their own: collected until
-`session.dtmf_timeout_ms` passes without one, then answered like words ("The caller pressed 4 2 #
-on the phone keypad."). Speech turns and keypad turns are numbered from one counter."""
+The input line runs for the whole call. Each final transcript starts a reply (replies.py); the
+caller's sound while the bot talks goes to the barge-in part, and speech that interrupts the
+reply stops it, keeping in the history only the part that was heard."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
-from typing import Literal
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal
 
-from models.protocols import (
-    ChatMessage,
-)
-from models.tool_calls import Tools
+from core.clock import Clock
+from models.protocols import ChatMessage, Conversation
+from models.tool_calls import ToolCall, Tools
 from pipeline.asr_stage import asr_stage
 from pipeline.endpointing import vad_stage
 from pipeline.events import (
-    AudioFrame,
     InputEvent,
+    ResponseDone,
     SpeechResumed,
     SpeechStarted,
     SpeechStopped,
@@ -38,12 +35,15 @@ from pipeline.events import (
     TranscriptFinal,
     TranscriptPartial,
 )
-from pipeline.session.barge_in import BargeInMixin
-from pipeline.session.keypad import KeypadMixin
-from pipeline.session.parts import Reply
-from pipeline.session.playout import PlayoutMixin
-from pipeline.session.replies import RepliesMixin
-from pipeline.session.tool_calls import ToolCallsMixin
+from pipeline.session.barge_in import BargeIn
+from pipeline.session.history import History
+from pipeline.session.keypad import Keypad, dtmf_text
+from pipeline.session.parts import AudioTap, Backends, Inbound, Outbound, PipelineConfig, Reply
+from pipeline.session.playout import Player
+from pipeline.session.replies import Replies
+from pipeline.session.tool_calls import ToolCalls
+from pipeline.session.turn_book import TurnBook
+from pipeline.tools import ToolBox
 from pipeline.transcript_trust import doubt
 from pipeline.turn_judge import TurnJudge
 from pipeline.turn_policy import TurnPolicy, bare_words
@@ -52,154 +52,235 @@ from pipeline.turns import Turn
 log = logging.getLogger(__name__)
 
 
-class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMixin):
-    """One caller's session: its input line (this module) and its parts (see the package doc)."""
+class Session:
+    """One caller's session. `hang_up`: how the transport ends the call (it must return at once and
+    do it in a task of its own); with it, the built-in end_call tool can be offered (tools.end_call).
+    `on_turn`: each turn's record (ResponseDone), once its reply has ended."""
+
+    def __init__(
+        self,
+        backends: Backends,
+        config: PipelineConfig,
+        clock: Clock,
+        outbound: Outbound,
+        *,
+        output_rate: int,
+        system_prompt: str | None = None,
+        on_turn: Callable[[ResponseDone], Awaitable[None] | None] | None = None,
+        tap: AudioTap | None = None,
+        toolbox: ToolBox | None = None,
+        hang_up: Callable[[], None] | None = None,
+    ) -> None:
+        self.backends = backends
+        self.config = config
+        self.clock = clock
+        self.outbound = outbound
+        self.output_rate = output_rate
+        self.on_turn = on_turn
+        self.audio_in = Inbound()
+        has_tools = toolbox is not None and toolbox.tools(1) is not None
+        default = config.session.tools_prompt if has_tools else config.session.system_prompt
+        # the engine is chosen at the start: tools declared later (session.update) are served by it too
+        self.conversation: Conversation = backends.llm_for(has_tools).conversation()
+        self.book = TurnBook()
+        self.kept = History(system_prompt or default, config.session)
+        self.barge = BargeIn(config, clock, lambda: self._interrupt("sustained speech"))
+        self.keypad = Keypad(config.session, clock, self._keys_turn)
+        player = Player(config.session, clock, output_rate, outbound, self.conversation, self.barge.audio_open, tap)
+        self.replies = Replies(backends, config, clock, outbound, output_rate, self.conversation, self.kept,
+                               self.book, self.barge, player, self, toolbox)
+        self.tool_calls = (ToolCalls(toolbox, config.session, clock, outbound, self.kept, self.book, self.replies,
+                                     self.record, hang_up)
+                           if toolbox is not None else None)
+        # how the transport configured the call (`configure`)
+        self.on_words: Callable[[int, str], None] | None = None
+        self.speech_interrupts = True
+        # the caller's words waiting to be answered with their next ones: final transcripts that came
+        # after they went on speaking, and the words of a reply taken back (session.take_back_ms)
+        self.held: list[str] = []
+        # the end-of-turn evidence at the caller's pauses: the sound's (the VAD stage asks), the words'
+        self.judge: TurnJudge | None = None  # made by run(), with the settings the call runs with
+        self.words_task: asyncio.Task[None] | None = None  # weighing the words said up to a pause
+        self._waiting: set[asyncio.Task[Any]] = set()  # turns answered once the reply they came over ends
+
+    # -- how a transport configures the call ----------------------------------------------------------
+    def configure(self, *, speaks: bool | None = None,
+                  turns: Literal["answered"] | Callable[[int, str], None] | None = None,
+                  speech_interrupts: bool | None = None, takes_back: bool | None = None) -> None:
+        """Change how the call behaves, from the next reply on; a setting not given (None) stays.
+        `speaks`: replies are spoken (False: text only, no TTS); `turns`: "answered", every turn
+        is answered (the default), or where the caller's words go instead, the client asking for
+        each reply (`on_text`), as the Realtime API's create_response false has it;
+        `speech_interrupts` False: the caller's speech neither pauses nor stops a reply (it is
+        answered after it); `takes_back`: a reply the caller talks over within
+        session.take_back_ms of its start is taken back."""
+        if speaks is not None:
+            self.replies.speaks = speaks
+        if turns is not None:
+            self.on_words = None if isinstance(turns, str) else turns
+        if speech_interrupts is not None:
+            self.speech_interrupts = speech_interrupts
+        if takes_back is not None:
+            self.barge.takes_back = takes_back
+
+    # -- what a transport and a test read ------------------------------------------------------------
+    @property
+    def history(self) -> list[ChatMessage]:
+        """The conversation as the call keeps it (the system prompt first). Read only."""
+        return self.kept.messages
+
+    @property
+    def reply(self) -> Reply | None:
+        """The reply in flight, if any."""
+        return self.replies.current
+
+    @property
+    def closed(self) -> bool:
+        """The caller has gone."""
+        return self.book.closed
 
     # -- the input line --------------------------------------------------------------------------
     async def run(self) -> None:
         """Run until `audio_in` yields None (the caller hung up), then stop any reply."""
-        self._prepare(tuple(self.history))
+        self.replies.prepare(tuple(self.kept.messages))
         b = self.backends
         words = self.config.endpointing.text_signal and b.llm.weighs_words
         self.judge = TurnJudge(TurnPolicy(self.config.endpointing, words), b.turn, b.turn_worker, words)
         vad_stream = b.vad.new_stream()
-        speech = vad_stage(self._frames(), vad_stream, b.vad_worker, self.config.endpointing, self.clock,
-                           b.vad.sample_rate, b.vad.window_samples, self.judge, self.turn_ids)
+        speech = vad_stage(self.audio_in.frames(), vad_stream, b.vad_worker, self.config.endpointing, self.clock,
+                           b.vad.sample_rate, b.vad.window_samples, self.judge, self.book.ids)
         events = asr_stage(speech, self.backends.asr, self.backends.asr_worker, self.config.asr, self.clock,
-                           self._bot_talking)
+                           self.replies.talking)
         try:
             async with contextlib.aclosing(events):
                 async for event in events:
                     await self._on_input(event)
         finally:
-            self.closed = True
-            self._release_reply()
-            if self.preparing is not None:
-                self.preparing.cancel()
-            if self.dtmf_timer is not None:
-                self.dtmf_timer.cancel()
-            if self.words_task is not None:
-                self.words_task.cancel()
-            for task in self.tool_tasks:
-                task.cancel()
-            for future in self.asked.values():
-                future.cancel()
-            # the caller is gone: a reply they heard part of is still kept (on_turn), not sent
-            await self._cancel_reply("interrupted", send=False, keep=True)
-            await self.conversation.aclose()
+            await self.close()
 
-    async def _frames(self) -> AsyncIterator[AudioFrame]:
-        while (frame := await self.audio_in.get()) is not None:
-            self.audio_in_samples -= len(frame.samples)
-            yield frame
+    async def close(self) -> None:
+        """The caller has gone: nothing new starts, work in flight stops, and a reply they heard
+        part of is still kept (on_turn), not sent. (`run` does this when the caller hangs up.)"""
+        self.book.closed = True
+        self.barge.release()
+        self.replies.stop_preparing()
+        self.keypad.close()
+        if self.words_task is not None:
+            self.words_task.cancel()
+        for task in self._waiting:
+            task.cancel()
+        if self.tool_calls is not None:
+            self.tool_calls.close()
+        await self.replies.cancel("interrupted", send=False, keep=True)
+        await self.conversation.aclose()
 
     async def _on_input(self, event: InputEvent) -> None:
         if isinstance(event, SpeechStarted):
-            self.last_started = max(self.last_started, event.turn_id)
+            self.book.started(event.turn_id)
             await self.outbound.send_event(event)
-            reply = self.reply
+            reply = self.replies.current
             if reply is not None and reply.preemptive and not reply.confirmed.is_set():
                 # a new turn before the last one's reply was confirmed: that reply answers words the
                 # caller has since added to (they join this turn), and nobody heard it
-                await self._discard_preemptive(reply, "the caller spoke again")
+                await self.replies.discard_preemptive(reply, "the caller spoke again")
             elif reply is not None and self.speech_interrupts:
-                self._hold_reply(event.turn_id)
+                self.barge.hold(event.turn_id)
             return
         if isinstance(event, SpeechStopped):
-            if self.pending_barge == event.turn_id and self.barge_timer is not None:
-                self.barge_timer.cancel()  # short: its words (or none) decide
-            turn = self.turns.setdefault(event.turn_id, Turn(event.turn_id))
+            self.barge.speech_stopped(event.turn_id)
+            turn = self.book.get(event.turn_id)
             turn.mark("speech_end", event.at)
             turn.ended_at = event.ended_at
             await self.outbound.send_event(event)
             return
         if isinstance(event, SpeechResumed):
-            if (resumed := self.turns.get(event.turn_id)) is not None:
+            if (resumed := self.book.open.get(event.turn_id)) is not None:
                 resumed.endpointing = {}  # that pause did not end the turn
-            reply = self.reply
+            reply = self.replies.current
             if reply is not None and reply.preemptive and not reply.confirmed.is_set():
-                await self._discard_preemptive(reply, "the caller went on")
-            elif reply is not None and event.turn_id in self.let_go and self.speech_interrupts:
+                await self.replies.discard_preemptive(reply, "the caller went on")
+            elif reply is not None and event.turn_id in self.barge.let_go and self.speech_interrupts:
                 # after a backchannel the caller goes on: over the bot again, so hold it again
-                self.let_go.discard(event.turn_id)
-                self._hold_reply(event.turn_id)
+                self.barge.let_go.discard(event.turn_id)
+                self.barge.hold(event.turn_id)
             return
         if isinstance(event, TranscriptEarly):
-            if self.pending_barge == event.turn_id:
+            if self.barge.pending == event.turn_id:
                 # the caller spoke over the bot and paused: what they said so far decides at once
                 # (the end of their turn can be a second away when it does not sound finished)
-                if self._is_backchannel(event.text):
-                    self._let_go(event.turn_id, event.text)
-                    self.let_go.add(event.turn_id)  # until its final transcript, or until it goes on
+                if self.barge.is_backchannel(event.text):
+                    self.barge.let_go_of(event.turn_id, event.text)
+                    self.barge.let_go.add(event.turn_id)  # until its final transcript, or until it goes on
                     return
-                await self._barge_in("a word")  # then, as at any pause, the words so far are weighed
-            if (self.reply is None and self.pending_barge is None and event.turn_id == self.last_started
+                await self._interrupt("a word")  # then, as at any pause, the words so far are weighed
+            if (self.replies.current is None and self.barge.pending is None and event.turn_id == self.book.last_started
                     and event.text.strip()):
                 if self.words_task is not None:
                     self.words_task.cancel()  # an earlier pause's, still weighing
                 words = " ".join([*self.held, event.text.strip()]).strip()
                 self.words_task = asyncio.create_task(self._weigh_words(event.turn_id, words, event))
             return
-        if isinstance(event, TranscriptFinal) and event.turn_id in self.let_go:
-            self.let_go.discard(event.turn_id)
-            if self._is_backchannel(event.text):  # the backchannel let go at its pause, as it ended
+        if isinstance(event, TranscriptFinal) and event.turn_id in self.barge.let_go:
+            self.barge.let_go.discard(event.turn_id)
+            if self.barge.is_backchannel(event.text):  # the backchannel let go at its pause, as it ended
                 await self.outbound.send_event(event)
-                self.turns.pop(event.turn_id, None)
+                self.book.close(event.turn_id)
                 return
         await self.outbound.send_event(event)
         # An interim transcript over the bot does not decide: Whisper reads a word cut off mid-way as
         # another (whisper-tiny.en heard "Okay." cut at 300 ms as "Thank you."). The caller's first
         # pause (whole words, TranscriptEarly), the end of the speech, or its length decides.
-        if isinstance(event, TranscriptFinal) and self.pending_barge == event.turn_id:
-            if self._is_backchannel(event.text):
-                self._let_go(event.turn_id, event.text)
-                self.turns.pop(event.turn_id, None)
+        if isinstance(event, TranscriptFinal) and self.barge.pending == event.turn_id:
+            if self.barge.is_backchannel(event.text):
+                self.barge.let_go_of(event.turn_id, event.text)
+                self.book.close(event.turn_id)
                 return
-            await self._barge_in("a word")
-        if isinstance(event, TranscriptPartial) and self.reply is None and event.text.strip():
-            self._prepare((*self._prompt(), ChatMessage("user", event.text.strip())))
+            await self._interrupt("a word")
+        if isinstance(event, TranscriptPartial) and self.replies.current is None and event.text.strip():
+            self.replies.prepare((*self.kept.prompt(), ChatMessage("user", event.text.strip())))
         if isinstance(event, TranscriptFinal):
-            turn = self.turns.setdefault(event.turn_id, Turn(event.turn_id))
+            turn = self.book.get(event.turn_id)
             turn.mark("asr_final", event.at)
             text = event.text.strip()
-            if self.last_started > event.turn_id:
+            if self.book.last_started > event.turn_id:
                 # The caller started talking again before this transcript was ready: never answer
                 # over them. What they said joins the turn they went on with.
                 if text:
                     log.info("turn %d: final transcript after the caller went on; joins turn %d",
-                             event.turn_id, self.last_started)
+                             event.turn_id, self.book.last_started)
                     self.held.append(text)
-                self.turns.pop(event.turn_id, None)
+                self.book.close(event.turn_id)
             elif text or self.held:
                 text = " ".join([*self.held, text]).strip()
                 self.held.clear()
-                reply = self.reply
+                reply = self.replies.current
                 if reply is not None and reply.preemptive and not reply.confirmed.is_set():
                     if reply.turn.turn_id == event.turn_id and reply.user_text == text:
-                        await self._confirm(reply)
+                        await self.replies.confirm(reply)
                         return
-                    await self._discard_preemptive(reply, "the final transcript differs")
+                    await self.replies.discard_preemptive(reply, "the final transcript differs")
                 if self.on_words is not None:  # the client asks for each reply (Realtime create_response false)
-                    self.turns.pop(event.turn_id, None)
+                    self.book.close(event.turn_id)
                     self.on_words(event.turn_id, text)
                     return
-                reply = self.reply
+                reply = self.replies.current
                 if not self.speech_interrupts and reply is not None and reply.confirmed.is_set():
                     # the caller spoke over a reply that speech does not interrupt: answered after it
                     waiting = asyncio.create_task(self._answer_after(reply, turn, text))
-                    self.tool_tasks.add(waiting)
-                    waiting.add_done_callback(self.tool_tasks.discard)
+                    self._waiting.add(waiting)
+                    waiting.add_done_callback(self._waiting.discard)
                     return
-                await self._start_reply(turn, text)
+                await self.replies.start(turn, text)
             else:
-                self.turns.pop(event.turn_id, None)
+                self.book.close(event.turn_id)
 
     async def _answer_after(self, reply: Reply, turn: Turn, text: str) -> None:
         await reply.ended.wait()
-        if self.reply is None or not self.reply.confirmed.is_set():
-            await self._start_reply(turn, text)
+        current = self.replies.current
+        if current is None or not current.confirmed.is_set():
+            await self.replies.start(turn, text)
         else:  # another reply began meanwhile (a client's response.create): this turn waits for it too
-            await self._answer_after(self.reply, turn, text)
+            await self._answer_after(current, turn, text)
 
     async def _weigh_words(self, turn_id: int, words: str, early: TranscriptEarly) -> None:
         """The caller paused, and their words so far are transcribed: the language model's
@@ -212,8 +293,8 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
             log.info("turn %d: the transcript at the pause is no evidence of the turn's end: %s", turn_id, untrusted)
         elif judge is not None and judge.expects_words:
             try:
-                asked = (*self._prompt(), ChatMessage("user", bare_words(words)))
-                probability = await self.conversation.end_of_turn(asked, self._tools(1))
+                asked = (*self.kept.prompt(), ChatMessage("user", bare_words(words)))
+                probability = await self.conversation.end_of_turn(asked, self.replies.tools(1))
             except Exception as exc:  # the words are evidence; without them the sound decides
                 log.warning("turn %d: the LLM's end-of-turn probability failed: %s", turn_id, exc)
             if probability is not None:
@@ -221,9 +302,9 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
             judge.words(turn_id, probability, words, early.avg_logprob)
         # the pause still goes on (a judge that gathers nothing does not follow pauses)
         pausing = judge is None or not judge.active or judge.turn_id == turn_id
-        turn = self.turns.get(turn_id)
+        turn = self.book.open.get(turn_id)
         if turn is None and pausing:
-            turn = self.turns[turn_id] = Turn(turn_id)
+            turn = self.book.get(turn_id)
         if turn is not None and (pausing or "speech_end" in turn.marks):  # the decision's marks, for its record
             turn.endpointing = {"pause_heard": early.paused_at if early.paused_at is not None else early.at,
                                 "transcript_at_pause": early.at}
@@ -232,16 +313,109 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
         turn = turn or Turn(turn_id)
         if not pausing and "speech_end" not in turn.marks:
             return  # the caller went on while the words were weighed: the next pause starts again
-        if (self.config.session.preemptive and self.on_words is None and self.reply is None
-                and self.pending_barge is None
-                and turn_id == self.last_started and not self.closed and "asr_final" not in turn.marks):
-            self.turns[turn_id] = turn
-            await self._start_reply(turn, words, preemptive=True)
+        if (self.config.session.preemptive and self.on_words is None and self.replies.current is None
+                and self.barge.pending is None
+                and turn_id == self.book.last_started and not self.book.closed and "asr_final" not in turn.marks):
+            self.book.open[turn_id] = turn
+            await self.replies.start(turn, words, preemptive=True)
+
+    # -- what the parts ask of the call -------------------------------------------------------------
+    async def _interrupt(self, why: str) -> None:
+        """The caller interrupts the reply (a word, sustained speech, a key, the client): it stops,
+        keeping what was heard; or, when it had only just begun (session.take_back_ms), it is taken
+        back: it and the words it answered leave the history, and those words join the caller's next."""
+        reply, began = self.replies.current, self.barge.began
+        self.barge.release()
+        if reply is None:
+            return
+        if why != "a key press" and self.barge.takes_back_reply(reply, began):
+            log.info("turn %d: the caller went on as the reply began: taken back, their words join the next turn",
+                     reply.turn.turn_id)
+            # before any await: the caller's next words must find the history as it will be
+            reply.taken_back = True
+            said = self.kept.take_back(reply.turn.turn_id)
+            self.held[:0] = said or [reply.user_text]
+        else:
+            log.info("turn %d: barge-in (%s)", reply.turn.turn_id, why)
+        await self.replies.cancel("interrupted")
+
+    async def _keys_turn(self, digits: list[str], last_at: float) -> None:
+        """Keys judged complete: a turn like a spoken one, whose "transcript" is ready at once; the
+        caller's true end is the last key press."""
+        now = self.clock.now()
+        turn = self.book.new(now, ended_at=last_at)
+        turn.dtmf = " ".join(digits)
+        text = dtmf_text(digits)
+        log.info("turn %d: keys %s", turn.turn_id, " ".join(digits))
+        await self.replies.discard_unconfirmed("the caller pressed keys")  # nobody heard it
+        await self.outbound.send_event(TranscriptFinal(turn.turn_id, text, now))
+        await self.replies.start(turn, text)  # not if the caller hung up meanwhile (start checks)
+
+    async def tool_call(self, reply: Reply, call: ToolCall, generation: int) -> None:
+        if self.tool_calls is not None:
+            await self.tool_calls.dispatch(reply, call, generation)
+
+    def reply_done(self, reply: Reply, status: str) -> None:
+        if self.tool_calls is not None:
+            self.tool_calls.reply_done(reply, status)
+
+    async def record(self, done: ResponseDone) -> None:
+        if self.on_turn is not None:
+            result = self.on_turn(done)
+            if result is not None:
+                await result
+
+    # -- control in: keys, playback reports, tool results ------------------------------------------
+    async def on_dtmf(self, digit: str) -> None:
+        """A key pressed on the caller's phone. Keys interrupt the bot like words; they are collected
+        until none comes for `session.dtmf_timeout_ms`, then answered as the caller's turn."""
+        if self.book.closed or not self.keypad.press(digit):
+            return
+        if self.replies.talking() or self.barge.pending is not None:
+            await self._interrupt("a key press")
+
+    def on_played(self, turn_id: int, played_ms: float, stopped: bool = False) -> None:
+        """The client's playback clock (native `output_audio.played`, phone marks, a Realtime
+        truncate): how much of the turn's reply audio it has played, stopped there or not. On
+        barge-in the history keeps those words. `stopped`: the client stopped playing there, so the
+        report is exact rather than carried forward at playback speed."""
+        played = int(played_ms * self.output_rate / 1000)
+        turn = self.book.open.get(turn_id)
+        if turn is not None:
+            turn.played_samples = max(turn.played_samples, played)
+        if self.tool_calls is not None:
+            self.tool_calls.played(turn_id, played)
+        reply = self.replies.current
+        if reply is not None and reply.turn.turn_id == turn_id:
+            reply.report_played(played, stopped, self.clock.now())
+
+    def cut_heard(self, turn_id: int, played_ms: float) -> str | None:
+        """The client stopped playing turn `turn_id`'s reply after `played_ms` (the Realtime API's
+        truncate): a reply still going keeps exactly those words when it ends; one already sent whole
+        has its words in the history cut to them now. The words heard, or None when the turn's reply
+        is neither going nor among the last ones finished."""
+        reply = self.replies.current
+        if reply is not None and reply.turn.turn_id == turn_id:
+            self.on_played(turn_id, played_ms, stopped=True)
+            return None
+        heard = self.kept.cut(turn_id, int(played_ms * self.output_rate / 1000))
+        if heard is not None:
+            log.info("turn %d: the client stopped its audio at %.0f ms; the history keeps %r", turn_id,
+                     played_ms, heard)
+        return heard
+
+    def awaits_output(self, call_id: str) -> bool:
+        """The client was asked to run call `call_id` and has not answered yet."""
+        return self.tool_calls is not None and self.tool_calls.awaits(call_id)
+
+    def on_function_output(self, call_id: str, output: str) -> bool:
+        """The client's answer to a call it was asked to run; False if no such call is waiting."""
+        return self.tool_calls is not None and self.tool_calls.answer(call_id, output)
 
     # -- turns a client asks for (the Realtime API's conversation.item.create and response.create) --
     def set_instructions(self, text: str) -> None:
         """The system prompt of the replies from now on."""
-        self.history[0] = ChatMessage("system", text)
+        self.kept.set_system(text)
 
     async def on_text(self, texts: Sequence[str] = (), instructions: str | None = None, in_history: bool = True,
                       context: tuple[ChatMessage, ...] | None = None,
@@ -252,36 +426,28 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
         system prompt; `in_history` False: an out-of-band reply, kept out of the history (with its
         messages); `context`: the messages it answers in place of the history's; `tools`: its own.
         Returns the turn's id (0: the caller has gone)."""
-        if self.closed:
+        if self.book.closed:
             return 0
-        turn = Turn(next(self.turn_ids))
-        self.last_started = max(self.last_started, turn.turn_id)
-        self.answering = turn.turn_id
-        now = self.clock.now()
-        turn.mark("speech_end", now)
-        turn.mark("asr_final", now)
-        turn.ended_at = now
-        self.turns[turn.turn_id] = turn
-        reply = self.reply
-        if reply is not None and reply.preemptive and not reply.confirmed.is_set():
-            await self._discard_preemptive(reply, "the client asked for a reply")  # nobody heard it
+        turn = self.book.new(self.clock.now())
+        self.book.answering = turn.turn_id
+        await self.replies.discard_unconfirmed("the client asked for a reply")  # nobody heard it
         said = [t for t in texts if t]
         if in_history and len(said) > 1:
             # the reply in progress ends first, so that its words come before these in the history
-            self._release_reply()
-            await self._cancel_reply("interrupted")
+            self.barge.release()
+            await self.replies.cancel("interrupted")
             for earlier in said[:-1]:
-                self._keep(turn.turn_id, ChatMessage("user", earlier))
+                self.kept.keep(turn.turn_id, ChatMessage("user", earlier))
         text = (said[-1] if in_history else " ".join(said)) if said else None
-        await self._start_reply(turn, text, instructions=instructions, in_history=in_history, context=context,
-                                tools=tools)
+        await self.replies.start(turn, text, instructions=instructions, in_history=in_history, context=context,
+                                 tools=tools)
         return turn.turn_id
 
     def add_message(self, message: ChatMessage) -> int:
         """A message the client adds to the conversation as it is (an assistant's earlier words, a
         system note), answered by nothing; kept under a turn id of its own, which it returns."""
-        turn_id = next(self.turn_ids)
-        self._keep(turn_id, message)
+        turn_id = next(self.book.ids)
+        self.kept.keep(turn_id, message)
         return turn_id
 
     def forget(self, turn_id: int, role: str, text: str | None = None) -> bool:
@@ -289,51 +455,17 @@ class Session(BargeInMixin, KeypadMixin, ToolCallsMixin, RepliesMixin, PlayoutMi
         conversation.item.delete): the turn's message of `role` whose words are `text` (None: its
         first of that role) leaves the history; an assistant message that made calls keeps them and
         loses its words. False when there is no such message."""
-        for message in self.said.get(turn_id, []):
-            if message.role == role and (text is None or message.content == text):
-                kept = replace(message, content="") if message.tool_calls else None
-                return self._replace_message(message, kept)
-        return False
+        return self.kept.forget(turn_id, role, text)
 
     def forget_call(self, call_id: str) -> bool:
-        """The client deletes a function call or its output: both leave the history (a chat template
-        takes neither without the other), and the message that made the call loses it."""
-        found = False
-        for turn_messages in list(self.said.values()):
-            for message in list(turn_messages):
-                if message.role == "tool" and message.tool_call_id == call_id:
-                    found = self._replace_message(message, None) or found
-                elif any(c.call_id == call_id for c in message.tool_calls):
-                    calls = tuple(c for c in message.tool_calls if c.call_id != call_id)
-                    kept = replace(message, tool_calls=calls) if calls or message.content else None
-                    found = self._replace_message(message, kept) or found
-        return found
-
-    def _replace_message(self, old: ChatMessage, new: ChatMessage | None) -> bool:
-        """`old` (this very message) is replaced in the history by `new`, or removed (None)."""
-        for i in range(len(self.history) - 1, 0, -1):
-            if self.history[i] is old:
-                if new is None:
-                    del self.history[i]
-                else:
-                    self.history[i] = new
-                break
-        else:
-            return False
-        for turn_messages in self.said.values():
-            for j, message in enumerate(turn_messages):
-                if message is old:
-                    if new is None:
-                        del turn_messages[j]
-                    else:
-                        turn_messages[j] = new
-                    return True
-        return True
+        """The client deletes a function call or its output: both leave the history, and the
+        message that made the call loses it."""
+        return self.kept.forget_call(call_id)
 
     async def cancel_reply(self) -> bool:
         """The client stops the reply in progress (it ends `interrupted`, keeping what was heard);
         False when none is in progress."""
-        if self.reply is None or not self.reply.confirmed.is_set():
+        if not self.replies.talking():
             return False
-        await self._barge_in("the client cancelled it")
+        await self._interrupt("the client cancelled it")
         return True

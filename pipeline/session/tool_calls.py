@@ -6,30 +6,67 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from typing import Any
 
-from models.protocols import (
-    ChatMessage,
-)
+from core.clock import Clock
+from models.protocols import ChatMessage
 from models.tool_calls import ToolCall
-from pipeline.events import (
-    FunctionCallRequest,
-)
-from pipeline.session.parts import Goodbye, Reply
-from pipeline.session.state import SessionState
-from pipeline.tools import ToolRun
+from pipeline.config import SessionConfig
+from pipeline.events import FunctionCallRequest, ResponseDone
+from pipeline.session.history import History
+from pipeline.session.parts import Goodbye, Outbound, Reply
+from pipeline.session.replies import Replies
+from pipeline.session.turn_book import TurnBook
+from pipeline.tools import ToolBox, ToolRun
 
 log = logging.getLogger(__name__)
 
 
-class ToolCallsMixin(SessionState):
-    async def _dispatch(self, reply: Reply, call: ToolCall, generation: int) -> None:
+class ToolCalls:
+    """A call's tool calls. `hang_up`: how the transport ends the call (it returns at once and does
+    it in a task of its own); with it, the built-in end_call tool can be offered."""
+
+    def __init__(self, toolbox: ToolBox, config: SessionConfig, clock: Clock, outbound: Outbound,
+                 history: History, book: TurnBook, replies: Replies,
+                 record: Callable[[ResponseDone], Awaitable[None]], hang_up: Callable[[], None] | None) -> None:
+        self.toolbox = toolbox
+        self.config = config
+        self.clock = clock
+        self.outbound = outbound
+        self.history = history
+        self.book = book
+        self.replies = replies
+        self.record = record
+        self.hang_up = hang_up
+        self._asked: dict[str, asyncio.Future[str]] = {}  # client calls awaiting function_call.output
+        self._tasks: set[asyncio.Task[Any]] = set()  # calls and their follow-ups: not stopped by barge-in
+        self._ending_turn: int | None = None  # end_call was called in this turn: hang up after its goodbye
+        self._goodbye: Goodbye | None = None
+        if toolbox.ask_client is None:
+            toolbox.ask_client = self.ask_client
+        if hang_up is not None:
+            toolbox.on_end_call = self.end_call
+
+    def _track(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def close(self) -> None:
+        """The caller has gone: calls in flight and the client calls awaited stop."""
+        for task in self._tasks:
+            task.cancel()
+        for future in self._asked.values():
+            future.cancel()
+
+    async def dispatch(self, reply: Reply, call: ToolCall, generation: int) -> None:
         """Run a call the reply made, once the reply is known to be heard: a preemptive reply holds
         its calls until its turn is confirmed, and one dropped meanwhile runs none (this task is
         cancelled with it). Once dispatched a call runs to its end whatever the caller does."""
         if not reply.confirmed.is_set():
             await reply.confirmed.wait()
-        if generation != self.generation or self.toolbox is None:
+        if generation != self.replies.generation:
             return
         now = self.clock.now()
         if not reply.runs:
@@ -49,91 +86,101 @@ class ToolCallsMixin(SessionState):
                      call.arguments, run.runs_on)
             task = asyncio.create_task(self.toolbox.run(run))
         reply.run_tasks.append(task)
-        self.tool_tasks.add(task)
-        task.add_done_callback(self.tool_tasks.discard)
+        self._track(task)
         if len(reply.runs) == 1:
-            follow = asyncio.create_task(self._after_tools(reply))
-            self.tool_tasks.add(follow)
-            follow.add_done_callback(self.tool_tasks.discard)
+            self._track(asyncio.create_task(self._after_tools(reply)))
 
     async def _after_tools(self, reply: Reply) -> None:
         """Wait for every call of the reply, with one spoken filler if they are slow; then put the
         reply's words and calls and the results in the history, and answer from them (unless the
         caller has moved on to another turn: the results stay in the history all the same)."""
-        assert self.toolbox is not None
-        cfg, turn = self.toolbox.config, reply.turn
+        cfg, turn, replies = self.toolbox.config, reply.turn, self.replies
         await reply.produced.wait()
         runs = list(reply.run_tasks)
         _, slow = await asyncio.wait(runs, timeout=cfg.filler_after_ms / 1000)
         filler: Reply | None = None
-        if slow and cfg.filler and "filler" not in turn.marks and self.answering == turn.turn_id:
+        if slow and cfg.filler and "filler" not in turn.marks and self.book.answering == turn.turn_id:
             await reply.ended.wait()  # after the reply's own words, if it had some
-            if self.reply is None and self.answering == turn.turn_id and not all(t.done() for t in slow):
+            if replies.current is None and self.book.answering == turn.turn_id and not all(t.done() for t in slow):
                 turn.mark("filler", self.clock.now())
-                await self._start_reply(turn, None, step=reply.step, fixed_text=cfg.filler)
-                filler = self.reply
+                await replies.start(turn, None, step=reply.step, fixed_text=cfg.filler)
+                filler = replies.current
         await asyncio.gather(*runs)
         turn.mark("tools_done", self.clock.now())
         await reply.ended.wait()
         messages = [ChatMessage("assistant", reply.kept_text or "", tuple(r.call for r in reply.runs)),
                     *(ChatMessage("tool", r.output or "", tool_call_id=r.call.call_id) for r in reply.runs)]
         for offset, message in enumerate(messages):
-            self._keep(turn.turn_id, message, at=reply.history_at + offset)
+            self.history.keep(turn.turn_id, message, at=reply.history_at + offset)
         if filler is not None:
             await filler.ended.wait()
             heard = bool(filler.kept_text)
             for run in reply.runs:
                 run.filler_heard = heard
-        if self.answering != turn.turn_id or self.closed or self.reply is not None:
+        if self.book.answering != turn.turn_id or self.book.closed or replies.current is not None:
             log.info("turn %d: tool results kept; no follow-up (the caller went on)", turn.turn_id)
-            self.turns.pop(turn.turn_id, None)
+            self.book.close(turn.turn_id)
             if turn.held_record is not None:  # the turn's record: the calls' reply, with their results
                 since = turn.marks.get("speech_end")
                 kept = tuple(r.as_dict(since) for r in turn.tool_runs)
-                await self._record(replace(turn.held_record, tool_calls=kept))
+                await self.record(replace(turn.held_record, tool_calls=kept))
             return
         step = reply.step + 1
         if all(r.repeat_of for r in reply.runs):  # the model goes round in circles: it must answer in words
             step = max(step, cfg.max_steps + 1)
-        await self._start_reply(turn, None, step=step)
+        await replies.start(turn, None, step=step)
 
-    async def _ask_client(self, call: ToolCall) -> str:
+    async def ask_client(self, call: ToolCall) -> str:
         """A client tool: the client runs it and answers with function_call.output."""
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.asked[call.call_id] = future
+        self._asked[call.call_id] = future
         try:
-            await self.outbound.send_event(FunctionCallRequest(self.answering, call))
+            await self.outbound.send_event(FunctionCallRequest(self.book.answering, call))
             return await future
         finally:
-            self.asked.pop(call.call_id, None)
+            self._asked.pop(call.call_id, None)
 
-    def on_function_output(self, call_id: str, output: str) -> bool:
+    def awaits(self, call_id: str) -> bool:
+        """The client was asked to run this call and has not answered yet."""
+        return call_id in self._asked
+
+    def answer(self, call_id: str, output: str) -> bool:
         """The client's answer to a call it was asked to run; False if no such call is waiting."""
-        future = self.asked.get(call_id)
+        future = self._asked.get(call_id)
         if future is None or future.done():
             return False
         future.set_result(output)
         return True
 
-    def _end_call(self) -> None:
+    def end_call(self) -> None:
         """The model called end_call: the call ends once this turn's goodbye has been heard."""
-        self.ending_turn = self.answering
-        log.info("turn %d: end_call: hanging up after the goodbye", self.answering)
+        self._ending_turn = self.book.answering
+        log.info("turn %d: end_call: hanging up after the goodbye", self.book.answering)
 
-    async def _hang_up_after(self, reply: Reply) -> None:
+    def reply_done(self, reply: Reply, status: str) -> None:
+        """A reply ended: the answer of the turn that called end_call hangs up once it was heard."""
+        if (status == "completed" and self._ending_turn == reply.turn.turn_id and reply.step > 1
+                and reply.fixed_text is None and self.hang_up is not None):
+            self._track(asyncio.create_task(self._hang_up_after(reply, self.hang_up)))
+
+    def played(self, turn_id: int, played: int) -> None:
+        """The client has played `played` samples of turn `turn_id`'s audio."""
+        if self._goodbye is not None and self._goodbye.turn_id == turn_id:
+            self._goodbye.played_samples = max(self._goodbye.played_samples, played)
+
+    async def _hang_up_after(self, reply: Reply, hang_up: Callable[[], None]) -> None:
         """Hang up once the goodbye was heard: the client's playback reports (the browser's, a phone
         line's marks) cover its audio, or, without reports, once it surely has played (it is sent
         at most session.output_lead_ms ahead of playback) plus tools.goodbye_grace_ms."""
-        assert self.hang_up is not None
         turn = reply.turn
         need = reply.offset_samples + reply.ledger.sent_samples()
         goodbye = Goodbye(turn.turn_id, need, turn.played_samples)
-        self.goodbye = goodbye
-        grace = (self.toolbox.config.goodbye_grace_ms if self.toolbox is not None else 2000) / 1000
-        deadline = self.clock.now() + self.config.session.output_lead_ms / 1000 + grace
+        self._goodbye = goodbye
+        grace = self.toolbox.config.goodbye_grace_ms / 1000
+        deadline = self.clock.now() + self.config.output_lead_ms / 1000 + grace
         while goodbye.played_samples < need and self.clock.now() < deadline:
             await self.clock.sleep(0.05)
         heard = goodbye.played_samples >= need
         log.info("turn %d: the goodbye was %s; hanging up", turn.turn_id,
                  "heard" if heard else "not reported as heard in time")
-        self.hang_up()
+        hang_up()

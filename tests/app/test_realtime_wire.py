@@ -585,7 +585,7 @@ async def test_a_response_with_its_own_input_and_tools_answers_those_alone() -> 
     offered = llm.tools_seen[1]
     assert offered is not None and [t.name for t in offered.tools] == ["get_weather"] and offered.choice == "none"
     assert call.session.history == history  # out of band: the conversation is as it was
-    assert call.session.toolbox is not None and call.session.toolbox.client_tools == ()  # the session's own
+    assert call.wire.toolbox.client_tools == ()  # type: ignore[attr-defined]  # the session's own
     socket.send(type="response.create")  # the conversation's own context and tools again
     await responses(socket, 3)
     assert [m.content for m in llm.requests[2][1:]] == ["Capital of Italy?", REPLY]

@@ -127,6 +127,6 @@ async def test_the_audio_backlog_is_counted_in_samples(frames: bytes) -> None:
     await asyncio.sleep(0.3)
     assert any('"audio_backlog"' in m for m in socket.sent if isinstance(m, str))
     assert connection.session is not None
-    assert connection.session.audio_in_samples <= 16000 * 1.5  # never far over the limit
+    assert connection.session.audio_in.backlog_samples <= 16000 * 1.5  # never far over the limit
     socket.inbox.put_nowait({"type": "websocket.disconnect"})
     await asyncio.wait_for(runner, 5.0)

@@ -10,13 +10,13 @@ from pipeline.config import SessionConfig
 from pipeline.events import SpeechStarted, TranscriptFinal
 from pipeline.session import Session, dtmf_text
 from tests.pipeline.fakes import FakeLLM, RecordingOutbound
-from tests.pipeline.test_session import STORY, done_events, make_session, speak
+from tests.pipeline.test_session import STORY, done_events, make_session, remade, speak
 
 
 def keypad_session(llm: FakeLLM, finals: list[str], **settings: int) -> tuple[Session, RecordingOutbound]:
     session, out = make_session(llm, finals)
-    session.config = replace(session.config, session=SessionConfig(
-        output_lead_ms=0, output_chunk_ms=20, dtmf_timeout_ms=300, **settings))
+    session = remade(session, config=replace(session.config, session=SessionConfig(
+        output_lead_ms=0, output_chunk_ms=20, dtmf_timeout_ms=300, take_back_ms=0, **settings)))
     return session, out
 
 
@@ -125,7 +125,7 @@ async def test_a_caller_who_hangs_up_while_a_keypad_turn_starts_gets_no_reply() 
     llm = FakeLLM(["You pressed five."])
     session, _ = keypad_session(llm, [])
     out = HeldOutbound()
-    session.outbound = out
+    session = remade(session, outbound=out)
     task = asyncio.create_task(session.run())
     await session.on_dtmf("5")
     await asyncio.wait_for(out.holding.wait(), 5)  # the keys were judged complete; their turn is starting
@@ -135,4 +135,4 @@ async def test_a_caller_who_hangs_up_while_a_keypad_turn_starts_gets_no_reply() 
     await asyncio.sleep(0.3)
     await session.on_dtmf("6")  # a key that arrives after the hang-up
     await asyncio.sleep(0.5)
-    assert not llm.requests and session.reply is None and session.dtmf_timer is None
+    assert not llm.requests and session.reply is None and not session.keypad.collecting

@@ -44,7 +44,8 @@ WHOLE = ReplyBudgetConfig(enabled=False)
 
 
 def whole(**settings: Any) -> SessionConfig:
-    return SessionConfig(reply_budget=WHOLE, **settings)
+    """Replies heard whole, and (unless `take_back_ms` is given) never taken back."""
+    return SessionConfig(reply_budget=WHOLE, **{"take_back_ms": 0, **settings})
 
 
 STORY = ("Once upon a time, a little dragon lived in a cave by the sea. Every morning she flew over the "
@@ -61,6 +62,15 @@ def make_session(llm: FakeLLM, finals: list[str], take_back_ms: int = 0) -> tupl
     )
     out = RecordingOutbound()
     return Session(backends, config, DistantClock(), out, output_rate=8000, system_prompt="Be kind."), out
+
+
+def remade(session: Session, **changes: Any) -> Session:
+    """The session made again with some of what it is given at its start changed (its engines, settings,
+    clock, transport, tools): its parts are made with them. Its system prompt and on_turn are kept."""
+    args: dict[str, Any] = {"backends": session.backends, "config": session.config, "clock": session.clock,
+                            "outbound": session.outbound, "output_rate": session.output_rate,
+                            "system_prompt": session.history[0].content, "on_turn": session.on_turn}
+    return Session(**(args | changes))
 
 
 async def speak(session: Session, seconds: float, loud: bool) -> None:
@@ -94,7 +104,8 @@ async def test_a_turn_gets_a_reply_with_every_mark() -> None:
 async def test_a_long_reply_stops_at_its_budget_and_the_history_keeps_the_offer() -> None:
     llm = FakeLLM([STORY])
     session, out = make_session(llm, ["Tell me a story."])
-    session.config = replace(session.config, session=SessionConfig(output_lead_ms=10000, output_chunk_ms=20))
+    config = SessionConfig(output_lead_ms=10000, output_chunk_ms=20, take_back_ms=0)
+    session = remade(session, config=replace(session.config, session=config))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.4, False)
@@ -183,8 +194,8 @@ async def test_noise_without_words_gets_no_reply() -> None:
 async def test_speculation_is_capped_while_far_ahead_of_playback() -> None:
     llm = FakeLLM(["One two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen."])
     session, out = make_session(llm, ["Count to fifteen."])
-    session.config = replace(session.config, session=whole(output_lead_ms=0, output_chunk_ms=20,
-                                                                   speculation_relax_s=0.8))
+    session = remade(session, config=replace(session.config, session=whole(output_lead_ms=0, output_chunk_ms=20,
+                                                                   speculation_relax_s=0.8)))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.5, False)
@@ -212,7 +223,7 @@ async def test_a_stage_that_raises_ends_the_turn_failed_and_the_call_goes_on() -
     llm = FakeLLM([STORY, "Yes, I am still here."])
     session, out = make_session(llm, ["Tell me a story.", "Are you there?"])
     tts = FailingSynthesizer()
-    session.backends = Backends(FakeVad(), session.backends.asr, tts, llm)
+    session = remade(session, backends=Backends(FakeVad(), session.backends.asr, tts, llm))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.5, False)
@@ -275,7 +286,7 @@ async def test_after_a_pause_between_phrases_audio_is_paced_not_burst() -> None:
     llm = PausingLLM("Hello there.", "Here are six more words now.", pause=1.0)
     session, _ = make_session(llm, ["Hi."])
     out = TimedOutbound()
-    session.outbound = out
+    session = remade(session, outbound=out)
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.5, False)
@@ -304,8 +315,8 @@ class SlowRecognizer(FakeRecognizer):
 async def test_a_final_transcript_that_comes_while_the_caller_speaks_again_joins_the_next_turn() -> None:
     llm = FakeLLM(["A table for two, booked."])
     session, out = make_session(llm, [])
-    session.backends = Backends(FakeVad(), SlowRecognizer(["Book a table.", "For two, please."], 0.5),
-                                FakeSynthesizer(), llm)
+    session = remade(session, backends=Backends(FakeVad(), SlowRecognizer(["Book a table.", "For two, please."], 0.5),
+                                FakeSynthesizer(), llm))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.3, False)  # the turn ends; its transcript takes 0.5 s
@@ -326,7 +337,7 @@ async def test_with_playback_reports_the_history_keeps_what_was_heard_not_what_w
     barge-in), not the words of everything sent."""
     llm = FakeLLM([STORY, "Okay."])
     session, out = make_session(llm, ["Tell me a story.", "Stop."])
-    session.config = replace(session.config, session=whole(output_lead_ms=1500, output_chunk_ms=20))
+    session = remade(session, config=replace(session.config, session=whole(output_lead_ms=1500, output_chunk_ms=20)))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.4, False)
@@ -352,7 +363,7 @@ async def test_a_stopped_playback_report_is_exact_and_a_client_cancel_keeps_it()
     those three words however long the server takes to cancel (no carrying forward)."""
     llm = FakeLLM([STORY])
     session, out = make_session(llm, ["Tell me a story."])
-    session.config = replace(session.config, session=whole(output_lead_ms=1500, output_chunk_ms=20))
+    session = remade(session, config=replace(session.config, session=whole(output_lead_ms=1500, output_chunk_ms=20)))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.4, False)
@@ -374,7 +385,7 @@ async def test_a_reply_sent_whole_is_cut_to_what_was_heard_when_the_client_says_
     it; a client that stopped playing (a Realtime truncate) has the history cut to what was heard."""
     llm = FakeLLM([STORY])
     session, out = make_session(llm, ["Tell me a story."])
-    session.config = replace(session.config, session=whole(output_lead_ms=10000, output_chunk_ms=20))
+    session = remade(session, config=replace(session.config, session=whole(output_lead_ms=10000, output_chunk_ms=20)))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.4, False)
@@ -418,8 +429,8 @@ async def test_reply_audio_waiting_to_be_sent_is_bounded_and_the_llm_waits_for_i
     llm = FakeLLM([STORY])
     llm.token_delay = 0.0
     session, out = make_session(llm, ["Tell me a story."])
-    session.config = replace(session.config, session=whole(output_lead_ms=0, output_chunk_ms=20,
-                                                                   max_playout_s=0.5))
+    session = remade(session, config=replace(session.config, session=whole(output_lead_ms=0, output_chunk_ms=20,
+                                                                   max_playout_s=0.5)))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.5, False)
@@ -443,8 +454,8 @@ async def test_reply_audio_waiting_to_be_sent_is_bounded_and_the_llm_waits_for_i
     await task
 
 
-def with_session_config(session: Session, **settings: float) -> None:
-    session.config = replace(session.config, session=whole(output_chunk_ms=20, **settings))
+def with_session_config(session: Session, **settings: float) -> Session:
+    return remade(session, config=replace(session.config, session=whole(output_chunk_ms=20, **settings)))
 
 
 async def speak_now(session: Session, seconds: float, loud: bool) -> None:
@@ -459,8 +470,8 @@ async def one_reply(llm: FakeLLM, clock: Clock | None = None,
                     **settings: float) -> tuple[ResponseDone, Session, RecordingOutbound]:
     session, out = make_session(llm, ["Hi."])
     if clock is not None:
-        session.clock = clock
-    with_session_config(session, **settings)
+        session = remade(session, clock=clock)
+    session = with_session_config(session, **settings)
     task = asyncio.create_task(session.run())
     await speak_now(session, 0.5, True)
     await speak_now(session, 0.5, False)
@@ -521,10 +532,10 @@ async def test_first_audio_after_its_budget_is_a_deadline_miss() -> None:
 
 def preemptive_session(llm: FakeLLM, finals: list[str]) -> tuple[Session, RecordingOutbound]:
     session, out = make_session(llm, finals)
-    session.config = replace(
+    session = remade(session, config=replace(
         session.config,
         endpointing=EndpointingConfig(min_speech_ms=64, end_silence_ms=600, early_final_ms=192, prefix_padding_ms=100),
-        session=whole(output_lead_ms=0, output_chunk_ms=20))
+        session=whole(output_lead_ms=0, output_chunk_ms=20)))
     return session, out
 
 
@@ -551,7 +562,7 @@ async def test_a_reply_starts_at_the_pause_and_its_audio_waits_for_the_end_of_th
     llm = FakeLLM(["Sure, a table for two at eight is booked."])
     session, _ = preemptive_session(llm, ["Book a table for two at eight."])
     out = StampedOutbound()
-    session.outbound = out
+    session = remade(session, outbound=out)
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     for _ in range(40):  # 0.8 s of silence in real time: a pause at 192 ms, the end at 600 ms
@@ -599,10 +610,10 @@ async def test_a_backchannel_whose_turn_ends_late_is_let_go_at_its_pause() -> No
     audio is held for; its transcript at the pause already shows it is a backchannel."""
     llm = FakeLLM([STORY])
     session, out = make_session(llm, ["Tell me a story.", "yeah"])
-    session.config = replace(
+    session = remade(session, config=replace(
         session.config,
         endpointing=EndpointingConfig(min_speech_ms=64, end_silence_ms=1600, early_final_ms=192, prefix_padding_ms=100),
-        session=whole(output_lead_ms=0, output_chunk_ms=20, barge_in_max_hold_ms=900))
+        session=whole(output_lead_ms=0, output_chunk_ms=20, barge_in_max_hold_ms=900)))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     for _ in range(90):  # the first turn ends after 1.6 s of silence, in real time
@@ -635,8 +646,9 @@ async def test_an_interim_transcript_over_the_bot_does_not_interrupt_it() -> Non
     transcript of the whole word, at the pause, decides."""
     llm = FakeLLM([STORY])
     session, out = make_session(llm, ["Tell me a story.", "yeah"])
-    session.backends = replace(session.backends, asr=MisreadingRecognizer(["Tell me a story.", "yeah"]))
-    session.config = replace(session.config, asr=AsrStageConfig(first_partial_ms=100, interim_beam_size=1))
+    session = remade(session,
+                     backends=replace(session.backends, asr=MisreadingRecognizer(["Tell me a story.", "yeah"])),
+                     config=replace(session.config, asr=AsrStageConfig(first_partial_ms=100, interim_beam_size=1)))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     await speak(session, 0.4, False)
@@ -657,7 +669,8 @@ async def test_an_interim_transcript_over_the_bot_does_not_interrupt_it() -> Non
 async def test_a_preemptive_replys_error_waits_for_the_end_of_the_turn_like_its_text() -> None:
     llm = FakeLLM(["Sure thing. One two three four five six seven. Eight nine ten eleven twelve thirteen."])
     session, out = preemptive_session(llm, ["Count for me."])
-    session.backends = Backends(FakeVad(), FakeRecognizer(["Count for me."]), FailingSynthesizer(), llm)
+    session = remade(session,
+                     backends=Backends(FakeVad(), FakeRecognizer(["Count for me."]), FailingSynthesizer(), llm))
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
     for _ in range(40):  # a pause at 192 ms (the reply starts and fails), the end at 600 ms
@@ -680,8 +693,7 @@ async def test_a_preemptive_reply_overtaken_by_new_speech_is_dropped_unreported(
     llm = FakeLLM(["A reply nobody will hear, it is long enough to still be going.", "Both parts answered."])
     session, out = make_session(llm, [])
     turns: list[ResponseDone] = []
-    session.on_turn = turns.append
-    session.preparing = asyncio.create_task(asyncio.sleep(0))
+    session = remade(session, on_turn=turns.append)
     now = session.clock.now
     await session._on_input(SpeechStarted(1, now(), 0.0))
     await session._on_input(TranscriptEarly(1, "Tell me", now()))  # the pause: a preemptive reply starts
@@ -702,8 +714,7 @@ async def test_a_preemptive_reply_overtaken_by_new_speech_is_dropped_unreported(
     assert done.user_text == "Tell me a joke" and done.text == "Both parts answered."
     assert [r[-1].content for r in llm.requests] == ["Tell me", "Tell me a joke"]
     assert turns == [done]
-    await session._cancel_reply("interrupted", send=False)
-    await session.conversation.aclose()
+    await session.close()
 
 
 class BrokenSynthesizer(FakeSynthesizer):
@@ -732,7 +743,7 @@ def judged_session(llm: FakeLLM, finals: list[str]) -> tuple[Session, RecordingO
                                     text_weight=1.0,
                                     text_neutral=-4.0, sure_probability=0.9, doubt_probability=0.2,
                                     max_patience_ms=2000)
-    session.config = replace(session.config, endpointing=endpointing)
+    session = remade(session, config=replace(session.config, endpointing=endpointing))
     return session, out
 
 

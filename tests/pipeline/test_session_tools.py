@@ -20,7 +20,7 @@ from pipeline.events import FunctionCallDelta, FunctionCallRequest, ResponseDone
 from pipeline.session import Session
 from pipeline.tools import HttpTool, ToolBox
 from tests.pipeline.fakes import DistantClock, FakeLLM, RecordingOutbound
-from tests.pipeline.test_session import done_events, make_session, speak
+from tests.pipeline.test_session import done_events, make_session, remade, speak
 
 LOOKUP = {"type": "function", "name": "order_status", "description": "Look up an order.",
           "parameters": {"type": "object", "properties": {"order_number": {"type": "string"}},
@@ -31,11 +31,11 @@ def call(arguments: str = '{"order_number": "4512"}', call_id: str = "call_1") -
     return ToolCall(call_id, "order_status", arguments)
 
 
-def with_client_tools(session, config: ToolsConfig | None = None) -> ToolBox:  # type: ignore[no-untyped-def]
-    box = ToolBox(config or ToolsConfig(), session.clock, [], None, session._ask_client)
+def with_client_tools(session: Session, config: ToolsConfig | None = None) -> Session:
+    """The session made again with the client's tools (the session asks the client to run them)."""
+    box = ToolBox(config or ToolsConfig(), session.clock, [], None)
     box.declare([LOOKUP])
-    session.toolbox = box
-    return box
+    return remade(session, toolbox=box)
 
 
 async def answer_calls(session, out: RecordingOutbound, output: str, delay: float = 0.0,  # type: ignore[no-untyped-def]
@@ -73,7 +73,7 @@ async def turn(session, out: RecordingOutbound, done: int) -> None:  # type: ign
 async def test_a_call_is_run_by_the_client_and_its_result_answered_in_one_follow_up() -> None:
     llm = FakeLLM([["Let me look.", call()], "It shipped on Monday."])
     session, out = make_session(llm, ["Where is my order 4512?"])
-    with_client_tools(session)
+    session = with_client_tools(session)
     task = asyncio.create_task(session.run())
     client = asyncio.create_task(answer_calls(session, out, json.dumps({"status": "shipped Monday"})))
     await turn(session, out, 2)
@@ -98,7 +98,7 @@ async def test_a_call_is_run_by_the_client_and_its_result_answered_in_one_follow
 async def test_parallel_calls_run_together_and_lead_to_one_follow_up() -> None:
     llm = FakeLLM([[call(call_id="a"), call('{"order_number": "7"}', call_id="b")], "Both are on their way."])
     session, out = make_session(llm, ["Where are my orders 4512 and 7?"])
-    with_client_tools(session)
+    session = with_client_tools(session)
     task = asyncio.create_task(session.run())
     client = asyncio.create_task(answer_calls(session, out, '{"status": "shipped"}', delay=0.1))
     await turn(session, out, 2)
@@ -114,7 +114,7 @@ async def test_parallel_calls_run_together_and_lead_to_one_follow_up() -> None:
 async def test_a_slow_tool_gets_one_filler_in_the_agents_voice() -> None:
     llm = FakeLLM([[call()], "It shipped."])
     session, out = make_session(llm, ["Where is my order?"])
-    with_client_tools(session, ToolsConfig(filler_after_ms=100))
+    session = with_client_tools(session, ToolsConfig(filler_after_ms=100))
     task = asyncio.create_task(session.run())
     filler_done = asyncio.Event()  # the tool answers only once the filler was said, however slow the machine
     client = asyncio.create_task(answer_calls(session, out, '{"status": "shipped"}', after=filler_done))
@@ -136,7 +136,7 @@ async def test_a_slow_tool_gets_one_filler_in_the_agents_voice() -> None:
 async def test_a_tool_that_times_out_is_told_to_the_model_and_the_caller_hears_words() -> None:
     llm = FakeLLM([[call()], "Sorry, I could not check your order right now."])
     session, out = make_session(llm, ["Where is my order?"])
-    with_client_tools(session, ToolsConfig(timeout_s=0.2, filler_after_ms=5000))
+    session = with_client_tools(session, ToolsConfig(timeout_s=0.2, filler_after_ms=5000))
     task = asyncio.create_task(session.run())  # nobody answers the call
     await turn(session, out, 2)
     result = json.loads(session.history[3].content)
@@ -149,7 +149,7 @@ async def test_a_tool_that_times_out_is_told_to_the_model_and_the_caller_hears_w
 async def test_after_max_steps_the_model_must_answer_in_words() -> None:
     llm = FakeLLM([[call(call_id="a")], [call(call_id="b")], "I could not find it."])
     session, out = make_session(llm, ["Where is my order?"])
-    with_client_tools(session, ToolsConfig(max_steps=2))
+    session = with_client_tools(session, ToolsConfig(max_steps=2))
     task = asyncio.create_task(session.run())
     client = asyncio.create_task(answer_calls(session, out, '{"status": "unknown"}'))
     await turn(session, out, 3)
@@ -166,7 +166,7 @@ async def test_a_preemptive_reply_dropped_at_the_pause_runs_no_tool() -> None:
     llm = FakeLLM([[call(call_id="early")], [call(call_id="late")], "Found it."])
     llm.stream_arguments = True
     session, out = make_session(llm, ["Where is my", "Where is my order 4512?"])
-    with_client_tools(session)
+    session = with_client_tools(session)
     task = asyncio.create_task(session.run())
     answered: list[str] = []
     client = asyncio.create_task(answer_calls(session, out, '{"status": "shipped"}', answered=answered))
@@ -195,7 +195,7 @@ async def test_barge_in_during_a_slow_tool_runs_it_once_and_keeps_its_result() -
     # short by that turn) or after (no follow-up): a reply for each, and the test holds either way
     llm = FakeLLM([[call()], "Your order shipped.", "Yes, I am here."])
     session, out = make_session(llm, ["Where is my order?", "Hello? Are you there?"])
-    with_client_tools(session, ToolsConfig(filler_after_ms=5000))
+    session = with_client_tools(session, ToolsConfig(filler_after_ms=5000))
     task = asyncio.create_task(session.run())
     answered: list[str] = []
     spoke = asyncio.Event()  # the tool answers only after the caller spoke again: it runs through the barge-in
@@ -252,8 +252,8 @@ async def test_an_http_tool_gets_the_arguments_and_a_secret_header_from_the_envi
     llm = FakeLLM([[call()], "It shipped on Monday."])
     session, out = make_session(llm, ["Where is my order 4512?"])
     async with httpx.AsyncClient() as http:
-        session.toolbox = ToolBox(ToolsConfig(), session.clock, [HttpTool(
-            tool, base + "/orders", "POST", {"Authorization": "Bearer ${ORDERS_TOKEN}"})], http)
+        session = remade(session, toolbox=ToolBox(ToolsConfig(), session.clock, [HttpTool(
+            tool, base + "/orders", "POST", {"Authorization": "Bearer ${ORDERS_TOKEN}"})], http))
         task = asyncio.create_task(session.run())
         await turn(session, out, 2)
         await session.audio_in.put(None)
@@ -271,8 +271,8 @@ async def test_an_http_tool_that_hangs_times_out(tool_server: tuple[str, list[di
     llm = FakeLLM([[call()], "Sorry, the order system is not answering."])
     session, out = make_session(llm, ["Where is my order 4512?"])
     async with httpx.AsyncClient() as http:
-        session.toolbox = ToolBox(ToolsConfig(timeout_s=0.3, filler_after_ms=5000), session.clock,
-                                  [HttpTool(tool, base + "/slow")], http)
+        session = remade(session, toolbox=ToolBox(ToolsConfig(timeout_s=0.3, filler_after_ms=5000), session.clock,
+                                  [HttpTool(tool, base + "/slow")], http))
         task = asyncio.create_task(session.run())
         await turn(session, out, 2)
         await session.audio_in.put(None)
@@ -285,16 +285,14 @@ def end_call_session(grace_ms: int) -> tuple[object, RecordingOutbound, list[flo
     llm = FakeLLM([[ToolCall("call_end", "end_call", "{}")], "Goodbye, and have a nice day!"])
     session, out = make_session(llm, ["That is all, thank you. Bye!"])
     hung: list[float] = []
-    session.hang_up = lambda: hung.append(time.monotonic())
     box = ToolBox(ToolsConfig(end_call=True, goodbye_grace_ms=grace_ms), session.clock, [], None)
-    box.on_end_call = session._end_call
-    session.toolbox = box
+    session = remade(session, toolbox=box, hang_up=lambda: hung.append(time.monotonic()))
     return session, out, hung
 
 
 async def test_end_call_hangs_up_once_the_goodbye_is_reported_played() -> None:
     session, out, hung = end_call_session(grace_ms=3_600_000)  # an hour: only the report can end it in the test
-    assert any(t.name == "end_call" for t in session.toolbox.tools(1).tools)  # type: ignore[attr-defined]
+    assert any(t.name == "end_call" for t in session.tool_calls.toolbox.tools(1).tools)  # type: ignore[attr-defined]
     task = asyncio.create_task(session.run())  # type: ignore[attr-defined]
     await turn(session, out, 2)
     goodbye = done_events(out)[1]
@@ -353,7 +351,7 @@ async def test_a_call_repeated_in_the_same_turn_is_not_run_again_and_words_must_
     the same result and must then answer in words (the step limit is not waited for)."""
     llm = FakeLLM([[call()], [call('{ "order_number":"4512" }', call_id="call_2")], "It shipped on Monday."])
     session, out = make_session(llm, ["Where is my order 4512?"])
-    with_client_tools(session, ToolsConfig(max_steps=3))
+    session = with_client_tools(session, ToolsConfig(max_steps=3))
     task = asyncio.create_task(session.run())
     answered: list[str] = []
     client = asyncio.create_task(answer_calls(session, out, '{"status": "shipped Monday"}', answered=answered))

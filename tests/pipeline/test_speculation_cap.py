@@ -13,7 +13,7 @@ from pipeline.config import SessionConfig
 from pipeline.events import ResponseDone
 from pipeline.session import PipelineConfig
 from tests.models.tiny import tiny_lm
-from tests.pipeline.test_session import make_session, speak
+from tests.pipeline.test_session import make_session, remade, speak
 
 FLAT = [0.02] * 9  # verifying k tokens costs one step: drafting always pays
 
@@ -59,9 +59,9 @@ async def test_a_barge_in_lifts_the_cap_for_the_rest_of_the_call() -> None:
     llm = speculative_llm()
     session, out = make_session(llm, ["Tell me a story.", "Stop."])  # type: ignore[arg-type]
     endpointing = session.config.endpointing.model_copy(update={"text_signal": False})  # turns end on silence
-    session.config = PipelineConfig(endpointing, session.config.asr, session.config.chunker,
-                                    SessionConfig(output_lead_ms=0, output_chunk_ms=20, speculation_relax_s=0.8),
-                                    SamplingParams(temperature=0.7, max_tokens=120))
+    playout = SessionConfig(output_lead_ms=0, output_chunk_ms=20, speculation_relax_s=0.8, take_back_ms=0)
+    session = remade(session, config=PipelineConfig(endpointing, session.config.asr, session.config.chunker, playout,
+                                                    SamplingParams(temperature=0.7, max_tokens=120)))
     assert isinstance(session.conversation, EmbeddedConversation)
     decoding = session.conversation.decoding
     assert isinstance(decoding, SpecSession)

@@ -258,7 +258,7 @@ class RealtimeWire:
         if not isinstance(call_id, str) or not isinstance(output, str):
             raise RealtimeError("invalid_value", "a function_call_output needs `call_id` and `output`, both strings",
                                 "item")
-        if self.call.session is None or call_id not in self.call.session.asked or any(
+        if self.call.session is None or not self.call.session.awaits_output(call_id) or any(
                 waiting == call_id for waiting, _ in self.pending_outputs):
             raise RealtimeError("unknown_call_id", f"no function call {call_id[:80]!r} is waiting for its output "
                                 "(answered already, timed out, or never asked)", "item.call_id")
@@ -333,12 +333,13 @@ class RealtimeWire:
                 return  # the reply that made the calls goes on from their results
             texts, self.pending_text = self.pending_text, []
         # this response's own settings; the session's hold again after it
-        session.speaks, outbound.next_speaks, outbound.next_in_conversation = speaks, speaks, not out_of_band
+        session.configure(speaks=speaks)
+        outbound.next_speaks, outbound.next_in_conversation = speaks, not out_of_band
         try:
             turn_id = await session.on_text([text for _, text in texts], instructions=instructions or None,
                                             in_history=not out_of_band, context=context, tools=tools)
         finally:
-            session.speaks = self.settings.speaks
+            session.configure(speaks=self.settings.speaks)
         for item_id, text in texts:
             if item_id is not None:
                 self.typed[item_id] = (turn_id, "user", text)
@@ -468,10 +469,10 @@ class RealtimeWire:
         session, outbound, settings = self.call.session, self.outbound, self.settings
         if session is None or outbound is None:
             return
-        session.speaks = outbound.speaks = settings.speaks
-        session.on_words = None if settings.answers_turns else self._heard
-        session.speech_interrupts = settings.interrupts
-        session.takes_back = False  # the client holds the conversation's items: a reply is never taken back
+        outbound.speaks = settings.speaks
+        # the client holds the conversation's items: a reply is never taken back
+        session.configure(speaks=settings.speaks, turns="answered" if settings.answers_turns else self._heard,
+                          speech_interrupts=settings.interrupts, takes_back=False)
         self.idle.timeout_s = settings.idle_timeout_s
 
     def _start(self) -> None:
