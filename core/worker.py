@@ -44,6 +44,7 @@ class CpuGate:
         self._cond = threading.Condition()
         self._urgent = 0
         self.max_wait_s = max_wait_s  # a background job never waits longer than this
+        self.held = 0  # background jobs waiting at the gate now
 
     @contextlib.contextmanager
     def urgent(self) -> Iterator[None]:
@@ -59,7 +60,11 @@ class CpuGate:
     def wait_for_urgent(self) -> None:
         with self._cond:
             if self._urgent:
-                self._cond.wait_for(lambda: self._urgent == 0, timeout=self.max_wait_s)
+                self.held += 1
+                try:
+                    self._cond.wait_for(lambda: self._urgent == 0, timeout=self.max_wait_s)
+                finally:
+                    self.held -= 1
 
 
 CPU_GATE = CpuGate()  # one per process: the cores are one per process too

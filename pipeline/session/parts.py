@@ -215,3 +215,4 @@ class Goodbye:
     turn_id: int
     need: int
     played_samples: int = 0
+    hung_up: bool = False

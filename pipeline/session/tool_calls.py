@@ -158,29 +158,36 @@ class ToolCalls:
         log.info("turn %d: end_call: hanging up after the goodbye", self.book.answering)
 
     def reply_done(self, reply: Reply, status: str) -> None:
-        """A reply ended: the answer of the turn that called end_call hangs up once it was heard."""
-        if (status == "completed" and self._ending_turn == reply.turn.turn_id and reply.step > 1
-                and reply.fixed_text is None and self.hang_up is not None):
-            self._track(asyncio.create_task(self._hang_up_after(reply, self.hang_up)))
+        """A reply ended: the answer of the turn that called end_call hangs up once it was heard:
+        the client's playback reports (the browser's, a phone line's marks) cover its audio, or,
+        without reports, once it surely has played (it is sent at most session.output_lead_ms
+        ahead of playback) plus tools.goodbye_grace_ms."""
+        if (status != "completed" or self._ending_turn != reply.turn.turn_id or reply.step == 1
+                or reply.fixed_text is not None or self.hang_up is None):
+            return
+        need = reply.offset_samples + reply.ledger.sent_samples()
+        self._goodbye = goodbye = Goodbye(reply.turn.turn_id, need)
+        self.played(goodbye.turn_id, reply.turn.played_samples)
+        if not goodbye.hung_up:
+            self._track(asyncio.create_task(self._hang_up_when_surely_heard(goodbye)))
 
     def played(self, turn_id: int, played: int) -> None:
         """The client has played `played` samples of turn `turn_id`'s audio."""
-        if self._goodbye is not None and self._goodbye.turn_id == turn_id:
-            self._goodbye.played_samples = max(self._goodbye.played_samples, played)
+        goodbye = self._goodbye
+        if goodbye is None or goodbye.turn_id != turn_id or goodbye.hung_up:
+            return
+        goodbye.played_samples = max(goodbye.played_samples, played)
+        if goodbye.played_samples >= goodbye.need:
+            self._hang_up(goodbye, "heard")
 
-    async def _hang_up_after(self, reply: Reply, hang_up: Callable[[], None]) -> None:
-        """Hang up once the goodbye was heard: the client's playback reports (the browser's, a phone
-        line's marks) cover its audio, or, without reports, once it surely has played (it is sent
-        at most session.output_lead_ms ahead of playback) plus tools.goodbye_grace_ms."""
-        turn = reply.turn
-        need = reply.offset_samples + reply.ledger.sent_samples()
-        goodbye = Goodbye(turn.turn_id, need, turn.played_samples)
-        self._goodbye = goodbye
+    async def _hang_up_when_surely_heard(self, goodbye: Goodbye) -> None:
         grace = self.toolbox.config.goodbye_grace_ms / 1000
-        deadline = self.clock.now() + self.config.output_lead_ms / 1000 + grace
-        while goodbye.played_samples < need and self.clock.now() < deadline:
-            await self.clock.sleep(0.05)
-        heard = goodbye.played_samples >= need
-        log.info("turn %d: the goodbye was %s; hanging up", turn.turn_id,
-                 "heard" if heard else "not reported as heard in time")
-        hang_up()
+        await self.clock.sleep(self.config.output_lead_ms / 1000 + grace)
+        if not goodbye.hung_up:
+            self._hang_up(goodbye, "not reported as heard in time")
+
+    def _hang_up(self, goodbye: Goodbye, how: str) -> None:
+        assert self.hang_up is not None
+        goodbye.hung_up = True
+        log.info("turn %d: the goodbye was %s; hanging up", goodbye.turn_id, how)
+        self.hang_up()

@@ -167,8 +167,8 @@ async def test_bad_frames_are_counted_and_the_call_goes_on_until_too_many() -> N
     line.socket.text("{not json")
     line.send("media", media={"payload": "%%%"})  # not base64
     line.send("dance")
-    await asyncio.sleep(0.2)
-    assert call.errors == 5 and not runner.done()  # each logged and counted; the call goes on
+    await line.wait(lambda: call.errors == 5)
+    assert not runner.done()  # each logged and counted; the call goes on
     assert call.session is not None
     line.socket.text("x" * (rt.settings.phone.max_frame_bytes + 1))
     await asyncio.wait_for(runner, 5)
@@ -247,7 +247,8 @@ async def test_a_phone_socket_takes_its_slot_at_start_and_is_closed_without_one(
     waiting = phone_call(idle.socket, rt, TWILIO)  # type: ignore[arg-type]
     idle_runner = asyncio.create_task(waiting.run())
     idle.send("connected")
-    await asyncio.sleep(0.05)
+    idle.send("dance")  # a bad frame after it: once it is counted, `connected` was handled
+    await idle.wait(lambda: waiting.errors == 1)
     assert not rt.sessions  # connected, not started: no slot taken
     line = Line()
     call = phone_call(line.socket, rt, TWILIO)  # type: ignore[arg-type]

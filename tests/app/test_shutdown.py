@@ -157,7 +157,7 @@ async def test_a_phone_call_is_closed_1001_with_the_reason_and_v1_answers_503_wh
     call = phone_call(line.socket, runtime, TWILIO)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
     line.start(runtime)
-    await asyncio.sleep(0.1)
+    await line.wait(lambda: call.session is not None)
     assert list(runtime.sessions) == [call.session_id]  # the call took its slot at start
     drained = asyncio.create_task(runtime.drain(grace_s=1.0))
     await asyncio.wait_for(runner, 5)  # not replying: closed at once

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,17 +97,25 @@ async def test_a_crashed_session_is_reported_at_once() -> None:
     assert socket.closed_with == CLOSE_ERROR
 
 
-class SlowVadStream(FakeVadStream):
-    def probabilities(self, samples: Audio) -> list[float]:
-        import time
+class GatedVadStream(FakeVadStream):
+    """A fake VAD that reads nothing until the test opens its gate: the backlog can only grow."""
 
-        time.sleep(0.05)
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__()
+        self.gate = gate
+
+    def probabilities(self, samples: Audio) -> list[float]:
+        if not self.gate.wait(30):
+            raise TimeoutError("the test never opened the gate")
         return super().probabilities(samples)
 
 
-class SlowVad(FakeVad):
+class GatedVad(FakeVad):
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
     def new_stream(self) -> FakeVadStream:
-        return SlowVadStream()
+        return GatedVadStream(self.gate)
 
 
 @pytest.fixture
@@ -116,17 +125,28 @@ def frames() -> Iterator[bytes]:
 
 async def test_the_audio_backlog_is_counted_in_samples(frames: bytes) -> None:
     socket = FakeSocket()
-    connection = native_call(socket, runtime(vad=SlowVad(), max_audio_backlog_ms=1000))  # type: ignore[arg-type]
+    vad = GatedVad()
+    connection = native_call(socket, runtime(vad=vad, max_audio_backlog_ms=1000))  # type: ignore[arg-type]
     runner = asyncio.create_task(connection.run())
     socket.text(START)
-    for _ in range(6):  # 3 s of audio at once: over the 1 s backlog
+    for _ in range(6):  # 3 s of audio at once, and the VAD takes none: over the 1 s backlog
         socket.audio(frames)
     tiny = np.zeros(1, dtype=np.int16).tobytes()
     for _ in range(50):  # tiny frames must not slip in because they are tiny
         socket.audio(tiny)
-    await asyncio.sleep(0.3)
-    assert any('"audio_backlog"' in m for m in socket.sent if isinstance(m, str))
+    socket.text("{not json")  # after the audio: once its error is out, every frame was handled
+
+    def errors() -> list[str]:
+        return [json.loads(m)["code"] for m in socket.sent if isinstance(m, str) and '"error"' in m]
+
+    async def handled() -> None:
+        while "invalid_json" not in errors():
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(handled(), 5)
+    assert "audio_backlog" in errors()
     assert connection.session is not None
     assert connection.session.audio_in.backlog_samples <= 16000 * 1.5  # never far over the limit
+    vad.gate.set()
     socket.inbox.put_nowait({"type": "websocket.disconnect"})
     await asyncio.wait_for(runner, 5.0)

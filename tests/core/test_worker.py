@@ -134,8 +134,9 @@ async def test_background_jobs_wait_for_an_urgent_one(schedule: Schedule) -> Non
     first = asyncio.ensure_future(urgent.run(transcribe))
     await asyncio.to_thread(started.wait, 10)
     step = asyncio.ensure_future(background.run_by(1.0, ran.append, "background"))
-    await asyncio.sleep(0.05)
-    assert ran == []  # held at the gate
+    while gate.held == 0:  # the background job reaches the gate
+        await asyncio.sleep(0.005)
+    assert ran == []  # held there
     release.set()
     await asyncio.gather(first, step)
     assert ran == ["urgent", "background"]

@@ -35,6 +35,43 @@ class DistantClock(MonotonicClock):
         return super().now() + self.OFFSET_S
 
 
+class ManualClock:
+    """A fake clock whose time moves only when the test moves it (`advance`): a sleep ends once the
+    test has moved time past it, so a test of a timeout waits for events, never for the machine."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self._now = start
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
+
+    def now(self) -> float:
+        return self._now
+
+    def wall(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self._now + max(0.0, seconds), future))
+        await future
+
+    def sleeping(self) -> int:
+        """Sleeps not over yet (cancelled ones excluded)."""
+        return sum(not f.done() for _, f in self._sleepers)
+
+    async def advance(self, seconds: float) -> None:
+        """Move time on (once tasks just started have begun their sleeps); the sleeps it ends wake,
+        and run until they next wait."""
+        for _ in range(2):
+            await asyncio.sleep(0)
+        self._now += seconds
+        woken = [f for at, f in self._sleepers if at <= self._now and not f.done()]
+        self._sleepers = [(at, f) for at, f in self._sleepers if at > self._now and not f.done()]
+        for future in woken:
+            future.set_result(None)
+        for _ in range(len(woken) + 1):
+            await asyncio.sleep(0)
+
+
 class FakeVadStream:
     """Speech wherever a 512-sample window's mean amplitude is over 0.1."""
 

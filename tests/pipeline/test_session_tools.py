@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -102,13 +101,12 @@ async def test_parallel_calls_run_together_and_lead_to_one_follow_up() -> None:
     task = asyncio.create_task(session.run())
     client = asyncio.create_task(answer_calls(session, out, '{"status": "shipped"}', delay=0.1))
     await turn(session, out, 2)
-    await asyncio.sleep(0.2)
+    client.cancel()
+    await session.audio_in.put(None)
+    await task  # every event of the call was handled
     assert [d.status for d in done_events(out)] == ["tool_calls", "completed"]
     assert len(llm.requests) == 2  # one follow-up, not one per call
     assert [m.role for m in session.history] == ["system", "user", "assistant", "tool", "tool", "assistant"]
-    client.cancel()
-    await session.audio_in.put(None)
-    await task
 
 
 async def test_a_slow_tool_gets_one_filler_in_the_agents_voice() -> None:
@@ -286,7 +284,7 @@ def end_call_session(grace_ms: int) -> tuple[object, RecordingOutbound, list[flo
     session, out = make_session(llm, ["That is all, thank you. Bye!"])
     hung: list[float] = []
     box = ToolBox(ToolsConfig(end_call=True, goodbye_grace_ms=grace_ms), session.clock, [], None)
-    session = remade(session, toolbox=box, hang_up=lambda: hung.append(time.monotonic()))
+    session = remade(session, toolbox=box, hang_up=lambda: hung.append(session.clock.now()))
     return session, out, hung
 
 
@@ -297,14 +295,12 @@ async def test_end_call_hangs_up_once_the_goodbye_is_reported_played() -> None:
     await turn(session, out, 2)
     goodbye = done_events(out)[1]
     assert goodbye.text == "Goodbye, and have a nice day!"
-    await asyncio.sleep(0.2)
-    assert hung == []  # not before it was heard
+    assert hung == []  # not before it was heard (the hang-up waits for it before response.done goes out)
     played_ms = sum(len(a) for a in out.audio) / 2 / 8000 * 1000
     session.on_played(goodbye.turn_id, played_ms / 2)  # type: ignore[attr-defined]
-    await asyncio.sleep(0.2)
     assert hung == []  # half of it heard is not enough
     session.on_played(goodbye.turn_id, played_ms)  # type: ignore[attr-defined]
-    await until(lambda: hung)
+    assert len(hung) == 1  # all of it heard: at once
     await session.audio_in.put(None)  # type: ignore[attr-defined]
     await task
 
@@ -316,7 +312,7 @@ async def test_end_call_without_playback_reports_hangs_up_after_the_grace() -> N
 
     async def stamped(event):  # type: ignore[no-untyped-def]
         if isinstance(event, ResponseDone):
-            sent.append(time.monotonic())
+            sent.append(session.clock.now())  # type: ignore[attr-defined]
         await send_event(event)
 
     out.send_event = stamped  # type: ignore[method-assign]

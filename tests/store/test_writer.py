@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,11 +23,13 @@ class PausedDatabase:
 
     def __init__(self, writer: Writer) -> None:
         self.released = asyncio.Event()
+        self.entered = asyncio.Event()  # a write has begun (and waits)
         self._write = writer.write
         self.started = 0
 
     async def write(self, op: Op) -> None:
         self.started += 1
+        self.entered.set()
         await self.released.wait()
         await self._write(op)
 
@@ -55,18 +56,10 @@ async def test_handing_over_never_waits_for_a_stuck_database(tmp_path: Path, mon
     await store.open()
     paused = _pause(store, monkeypatch)
     store.call_started(call("c1"))
-    await asyncio.sleep(0.01)
-    assert paused.started == 1  # the writer holds the first record and waits on the database
-    costs = []
-    for i in range(1000):
-        record = turn(i)
-        start = time.perf_counter()
-        store.turn_ended("c1", record)
-        costs.append(time.perf_counter() - start)
-    costs.sort()
-    # microseconds each; the bounds leave room for a busy CI machine
-    assert costs[len(costs) // 2] < 50e-6 and costs[int(len(costs) * 0.99)] < 1e-3, costs[-5:]
-    assert store.dropped == 0
+    await asyncio.wait_for(paused.entered.wait(), 5)  # the writer holds the first record and waits on the database
+    for i in range(1000):  # handed over while it waits: each returns without the database (none is awaited)
+        assert store.turn_ended("c1", turn(i)) is None
+    assert paused.started == 1 and store.dropped == 0  # still stuck on the first, and nothing lost
     paused.released.set()
     await store.flush()
     found = await store.get_call("c1")

@@ -1,0 +1,101 @@
+"""The session's parts on their own, on explicit times: a reply's playback reports, the history by
+turn, the barge-in's judgement of a sound."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.protocols import ChatMessage, SamplingParams
+from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
+from pipeline.session import PipelineConfig, Reply
+from pipeline.session.barge_in import BargeIn
+from pipeline.session.history import History
+from pipeline.turns import Turn
+from tests.pipeline.fakes import ManualClock
+
+RATE = 8000
+WORDS = "one two three four five six seven eight nine ten"
+
+
+def sent_reply(seconds: float = 1.0, offset: int = 0) -> Reply:
+    """A reply of ten words at 0.1 s a word, `seconds` of it sent."""
+    reply = Reply(Turn(1), offset_samples=offset)
+    reply.ledger.add_phrase(0, WORDS)
+    reply.ledger.add_audio(0, RATE)
+    reply.ledger.add_sent(0, int(RATE * seconds))
+    return reply
+
+
+def test_a_report_is_carried_forward_at_playback_speed_up_to_what_was_sent() -> None:
+    reply = sent_reply(0.8)
+    reply.report_played(int(0.3 * RATE), stopped=False, now=100.0)
+    assert reply.heard_samples(100.0, RATE) == int(0.3 * RATE)
+    assert reply.heard_samples(100.2, RATE) == int(0.5 * RATE)
+    assert reply.heard_samples(105.0, RATE) == int(0.8 * RATE)  # never past what was sent
+    assert reply.heard_text("interrupted", 100.2, RATE) == "one two three four five"
+
+
+def test_a_stopped_report_is_exact_however_late_it_is_read() -> None:
+    reply = sent_reply(0.8)
+    reply.report_played(int(0.3 * RATE), stopped=True, now=100.0)
+    assert reply.heard_samples(160.0, RATE) == int(0.3 * RATE)
+    assert reply.heard_text("interrupted", 160.0, RATE) == "one two three"
+
+
+def test_a_report_counts_the_turns_audio_and_an_earlier_reply_to_it_is_taken_off() -> None:
+    reply = sent_reply(0.8, offset=RATE)  # a filler of 1 s went out before it in the same turn
+    reply.report_played(int(1.2 * RATE), stopped=True, now=0.0)
+    assert reply.played_samples == int(0.2 * RATE)
+    reply.report_played(int(0.5 * RATE), stopped=True, now=0.0)  # still in the filler: none of this one
+    assert reply.played_samples == 0
+
+
+def test_without_reports_a_cut_reply_keeps_what_was_sent_and_a_completed_one_every_word() -> None:
+    reply = sent_reply(0.4)
+    assert reply.heard_text("interrupted", 0.0, RATE) == "one two three four"
+    assert reply.heard_text("completed", 0.0, RATE) == WORDS
+
+
+def test_the_history_files_messages_by_turn_and_takes_a_turn_back_whole() -> None:
+    history = History("Be kind.", SessionConfig())
+    asked, answer = ChatMessage("user", "Book a table."), ChatMessage("assistant", "For how many?")
+    history.keep(1, asked)
+    history.keep(1, answer)
+    history.keep(2, ChatMessage("user", "Two."))
+    assert history.take_back(1) == ["Book a table."]
+    assert [m.content for m in history.messages] == ["Be kind.", "Two."]
+    assert not history.forget(1, "assistant")  # gone with its turn
+
+
+def test_a_finished_reply_is_cut_to_the_words_played() -> None:
+    history = History("Be kind.", SessionConfig())
+    reply = sent_reply(1.0)
+    message = ChatMessage("assistant", WORDS)
+    history.keep(1, message)
+    history.keep_finished(1, reply, message)
+    assert history.cut(1, int(0.3 * RATE)) == "one two three"
+    assert history.messages[-1].content == "one two three"
+    assert history.cut(1, 0) == "" and len(history.messages) == 1  # nothing heard: nothing kept
+    assert history.cut(1, RATE) is None  # no longer among the finished
+
+
+async def test_a_sound_over_the_bot_holds_its_audio_until_judged_and_sustained_speech_interrupts() -> None:
+    clock = ManualClock()
+    interrupted: list[float] = []
+
+    async def on_sustained() -> None:
+        interrupted.append(clock.now())
+
+    config = PipelineConfig(EndpointingConfig(min_speech_ms=100), AsrStageConfig(), ChunkerConfig(),
+                            SessionConfig(barge_in_max_hold_ms=600), SamplingParams())
+    barge = BargeIn(config, clock, on_sustained)
+    start = clock.now()
+    barge.hold(3)
+    assert not barge.audio_open.is_set() and barge.pending == 3 and barge.began == start
+    await clock.advance(0.499)
+    assert not interrupted
+    await clock.advance(0.001)  # 600 ms held, of which the VAD's 100 ms came before the hold
+    assert len(interrupted) == 1 and interrupted[0] - start == pytest.approx(0.5)
+    barge.release()
+    assert barge.audio_open.is_set() and barge.pending is None
+    assert barge.is_backchannel("Mm-hmm.") and barge.is_backchannel("yeah okay") and not barge.is_backchannel("Stop.")
