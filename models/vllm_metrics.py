@@ -126,6 +126,7 @@ class VllmMetricsPoller:
         self.last: SpecDecodeCounters | None = None
         self._task: asyncio.Task[None] | None = None
         self._failing = False
+        self.scrapes = 0  # tried, worked or not
         self.up = Gauge("voice_agent_vllm_up", "1 if the last scrape of vLLM's /metrics worked", registry=registry)
         self.acceptance_rate = Gauge(
             "voice_agent_vllm_spec_decode_acceptance_rate",
@@ -144,6 +145,7 @@ class VllmMetricsPoller:
     async def scrape_once(self, client: httpx.AsyncClient) -> bool:
         """One scrape; publishes what it finds. Returns whether it worked; never raises (cancellation
         aside)."""
+        self.scrapes += 1
         try:
             response = await client.get(self.url)
             response.raise_for_status()

@@ -4,6 +4,7 @@ only core/, and pipeline/ never app/."""
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 import pytest
@@ -38,3 +39,36 @@ def test_no_class_is_made_of_several_bases() -> None:
              for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.ClassDef) and len(node.bases) > 1]
     assert not mixed
+
+
+def _sleeps(node: ast.stmt) -> bool:
+    call = node.value if isinstance(node, ast.Expr) else None
+    call = call.value if isinstance(call, ast.Await) else call
+    return (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "sleep"
+            and isinstance(call.func.value, ast.Name) and call.func.value.id in ("time", "asyncio"))
+
+
+def _elapsed(node: ast.AST) -> bool:
+    """`time.<clock>() - something`: a duration measured on the wall clock."""
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub) and isinstance(n.left, ast.Call)
+               and isinstance(n.left.func, ast.Attribute) and isinstance(n.left.func.value, ast.Name)
+               and n.left.func.value.id == "time" for n in ast.walk(node))
+
+
+def test_unit_tests_wait_for_events_not_for_time() -> None:
+    """A unit test never sleeps and then asserts that something happened or did not (a slow machine
+    passes it, or fails it), and never bounds a duration read from the wall clock: it waits for the
+    event, or moves a fake clock. (End-to-end and deployment tests run real servers and may wait.)"""
+    found = []
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        if {"e2e", "deploy"} & set(path.relative_to(ROOT / "tests").parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            body = getattr(node, "body", None)
+            if not isinstance(body, list):
+                continue
+            found += [f"{path.relative_to(ROOT)}:{b.lineno}: asserts after a sleep"
+                      for a, b in itertools.pairwise(body) if _sleeps(a) and isinstance(b, ast.Assert)]
+            found += [f"{path.relative_to(ROOT)}:{n.lineno}: bounds a wall-clock duration"
+                      for n in body if isinstance(n, ast.Assert) and _elapsed(n)]
+    assert not found

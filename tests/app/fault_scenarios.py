@@ -138,6 +138,8 @@ class Outcome:
     next_good_s: float | None = None  # the fault turn's end of speech -> the next good reply's first audio
     next_reply: str | None = None
     server_up: bool = True
+    attempts: int = 0  # requests the LLM server got while the fault was on
+    order: list[str] = field(default_factory=list)  # the faulty turn's events and audio, in the order sent
     kept_turns: int = 0  # turns in the call store for the faulty call
     sent_turns: int = 0  # response.done events sent on it
     end_reason: str | None = None
@@ -191,6 +193,7 @@ async def run_fault(fault: Fault) -> Outcome:
 
     async def script(ex: Exchange, n: int) -> None:
         if on["fault"] and fault.llm is not None:
+            out.attempts += 1
             await fault.llm(ex)
         else:
             await good_answer(ex)
@@ -275,6 +278,7 @@ async def first_turn(fault: Fault, caller: Caller, spoke: float, out: Outcome) -
     audio = [at for at, e in caller.seen if is_audio(e)]
     if audio:
         out.first_audio_s = audio[0] - spoke
+    out.order = ["audio" if is_audio(e) else e.get("type", "?") if isinstance(e, dict) else "?" for _, e in caller.seen]
 
 
 async def check_records(runtime: Runtime, caller: Caller, out: Outcome) -> None:

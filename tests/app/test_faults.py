@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tests.app.fault_scenarios import FAULTS, GOOD_REPLY, READ_TIMEOUT_S, Fault, run_fault
+from tests.app.fault_scenarios import FAULTS, GOOD_REPLY, Fault, run_fault
 
 
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.name for f in FAULTS])
@@ -16,18 +16,17 @@ async def test_a_fault_gets_an_apology_or_a_clean_error_and_the_call_goes_on(fau
     assert out.server_up
     assert out.next_reply == GOOD_REPLY  # the next turn (or the next caller) is answered right
     assert not out.notes, out.notes
-    if fault.expect == "apology":  # an error event, and the apology's audio right after it
+    if fault.expect == "apology":  # an error event, then the apology's audio, then the failed turn's end
         assert out.error_code == "llm_unavailable" and out.first_status == "failed"
-        assert out.first_audio_s is not None and out.error_s is not None
-        assert out.first_audio_s - out.error_s < 0.5
-        assert out.error_s < 2 * READ_TIMEOUT_S + 1.0  # a stall: timed out, retried once, then apologized
+        order = [kind for kind in out.order if kind in ("error", "audio", "response.done")]
+        assert order[0] == "error" and order[1] == "audio" and "response.done" in order, order
+        assert out.attempts == 2  # tried, retried once before the first token, then apologized
     elif fault.expect == "error":
         assert out.error_code in ("llm_unavailable", "engine_error")
-        assert out.error_s is not None and out.error_s < READ_TIMEOUT_S + 1.0
+        assert out.attempts <= 1  # after words were sent nothing is retried
     elif fault.expect == "slow_reply":
         assert out.error_code is None and out.first_status == "completed"
-    else:  # the caller left: their call ended, its slot was freed, and the turn they heard part of is kept
-        assert out.ended_s is not None and out.ended_s < 3.0
+    else:  # the caller left: their call ended (wait_for above), its slot was freed, and the heard turn is kept
         assert out.end_reason in ("client_closed", "caller_stopped_reading")
         assert out.kept_turns == 1
     if not fault.caller:

@@ -69,12 +69,11 @@ async def test_a_signed_call_plays_the_reply_in_real_time_and_echoes_its_marks(
     assert first is not None and first > spoke_until
     assert len(sim.played_audio()) == len(sim.received_audio()) == 8 * 800  # 0.8 s of reply, all played
     assert [m.name for m in sim.marks] == ["t1:200", "t1:400", "t1:600", "t1:800"] and all(m.played for m in sim.marks)
-    # played in real time: the reply's 0.8 s took about 0.8 s to play, and each mark came back after
-    # its audio had played, not when it arrived
+    # played in real time, and each mark came back once its audio had played (however late it came),
+    # not when it arrived: t1:200 no sooner than 0.2 s into playback (less one 20 ms frame), ...
     assert len(sim.playback_starts) == 1
-    assert 0.7 <= sim.marks[-1].at - sim.playback_starts[0] <= 1.0
-    arrived = {r.event["mark"]["name"]: r.at for r in sim.received if r.event["event"] == "mark"}
-    assert sim.marks[0].at - arrived["t1:200"] > 0.05
+    for i, mark in enumerate(sim.marks):
+        assert mark.at - sim.playback_starts[0] >= 0.2 * (i + 1) - 0.02, (mark, sim.playback_starts)
     # the call's record, as the server logs it
     assert call_records(caplog.text, sim.call_sid, "caller") == [{"turn_id": 1, "text": "Count to eight."}]
     [done] = call_records(caplog.text, sim.call_sid)

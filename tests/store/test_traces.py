@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -64,9 +63,12 @@ def test_a_failed_turn_has_an_error_status_and_missing_marks_no_span() -> None:
 def test_tracing_is_off_without_an_endpoint_and_posts_otlp_to_one() -> None:
     assert make_tracer(OtelConfig()) is None
     received: list[tuple[str, str, bytes]] = []
+    returned = threading.Event()  # turn_ended has returned
+    early: list[bool] = []  # a post that came before it had
 
     class Collector(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
+            early.append(not returned.is_set())
             body = self.rfile.read(int(self.headers["Content-Length"]))
             received.append((self.path, self.headers["Content-Type"], body))
             self.send_response(200)
@@ -82,13 +84,13 @@ def test_tracing_is_off_without_an_endpoint_and_posts_otlp_to_one() -> None:
     try:
         tracer = make_tracer(OtelConfig(endpoint=f"http://127.0.0.1:{server.server_port}/v1/traces"))
         assert tracer is not None
-        start = time.perf_counter()
         tracer.turn_ended(call("otlp-call"), turn(0))
-        assert time.perf_counter() - start < 0.05  # queued for the SDK's thread, not sent here
+        returned.set()
+        # queued for the SDK's thread, not sent here: no post came before it returned (`early`)
         tracer.shutdown()
     finally:
         server.shutdown()
-    assert len(received) == 1
+    assert len(received) == 1 and early == [False]
     path, content_type, body = received[0]
     assert path == "/v1/traces" and content_type == "application/x-protobuf"
     assert b"otlp-call" in body and b"first_audio" in body
