@@ -6,6 +6,7 @@ false, or it failed to open) and no trace endpoint, every method does nothing.""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from app.runtime import Runtime
 from app.store import CallRecord, CallRecorder, CallTimeline, TurnRecord, call_settings, fingerprint, spec_from_stats
@@ -63,3 +64,19 @@ class CallLog:
         self.ended_already = True
         if self.store is not None:
             self.store.call_ended(self.call.id, utc_now(), reason, error=error, recorder=self.recorder)
+
+
+def turn_json(done: ResponseDone) -> dict[str, Any]:
+    """A finished turn as every transport reports it: the native `response.done`, the phone line's
+    log record. What was kept (heard), its latency marks, and how the reply went."""
+    return {
+        "turn_id": done.turn_id, "text": done.text, "status": done.status,
+        "latency_ms": done.latency_ms, "voice_to_voice_ms": done.voice_to_voice_ms,
+        **({"endpointing_ms": done.endpointing_ms} if done.endpointing_ms else {}),
+        **({"taken_back": True} if done.taken_back else {}),
+        "deadline_missed": done.deadline_missed, "underruns": done.underruns, "underrun_ms": done.underrun_ms,
+        "preemptive": done.preemptive, "discarded": done.discarded, "discarded_words": done.discarded_words,
+        "llm": done.stats.as_dict() if done.stats else {},
+        **({"tool_calls": list(done.tool_calls)} if done.tool_calls else {}),
+        **({"filler": True} if done.filler else {}),
+    }

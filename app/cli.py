@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "drain":
             sys.exit(_drain(args))
         elif args.models_command == "fetch":
-            from models.fetch import fetch
-            from models.packs import DEFAULT_PACKS
+            from models.packs.catalog import DEFAULT_PACKS
+            from models.packs.fetch import fetch
 
             fetch(list(args.packs) or list(DEFAULT_PACKS), force=args.force)
         elif args.models_command == "list":
@@ -117,8 +117,8 @@ def _drain(args: argparse.Namespace) -> int:
 
 
 def _list() -> None:
-    from models.cache import cache_root, is_ready, pack_dir
-    from models.packs import DEFAULT_PACKS, PACKS
+    from models.packs.cache import cache_root, is_ready, pack_dir
+    from models.packs.catalog import DEFAULT_PACKS, PACKS
 
     print(f"cache: {cache_root()}")
     for name, pack in PACKS.items():

@@ -19,9 +19,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from app.admission import call_refusal
 from app.runtime import Runtime
 from app.shutdown import GRACE_S
-from app.transports.call import refusal
 
 router = APIRouter()
 
@@ -44,7 +44,7 @@ async def livez(request: Request) -> JSONResponse:
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
     runtime: Runtime = request.app.state.runtime
-    refused = refusal(runtime)
+    refused = call_refusal(runtime)
     body = _body(runtime, "ready" if refused is None else refused.code)
     if refused is not None:
         body["reason"] = refused.message

@@ -22,7 +22,8 @@ from app.security import access
 from app.security.guard import Guard
 from app.security.limits import parse_networks
 from app.settings import Settings
-from app.transports import native, telnyx, twilio
+from app.transports.native import wire as native
+from app.transports.phone import telnyx, twilio
 from app.transports.realtime import secrets as realtime_secrets
 from app.transports.realtime import wire as realtime
 from core.clock import Clock, MonotonicClock

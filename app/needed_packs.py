@@ -6,7 +6,7 @@ Face ids and local paths are not packs and are left out."""
 from __future__ import annotations
 
 from app.settings import Settings
-from models.packs import pack_named
+from models.packs.catalog import pack_named
 
 
 def needed_packs(settings: Settings) -> list[str]:

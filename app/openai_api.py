@@ -24,8 +24,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.admission import request_refusal
 from app.runtime import Runtime
 from core.errors import ConfigError, ContextLengthError, VoiceAgentError
+from models.llm.tool_calls import ToolCall, parse_tools
 from models.protocols import (
     ChatMessage,
     GenerationDone,
@@ -35,7 +37,6 @@ from models.protocols import (
     TextDelta,
     ToolCallOutput,
 )
-from models.tool_calls import ToolCall, parse_tools
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -194,8 +195,14 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
         return _error(400, details, "invalid_request_error", "invalid_request")
     except ValueError as exc:  # not JSON (JSONDecodeError), or not UTF-8 (UnicodeDecodeError)
         return _error(400, f"the body is not JSON: {exc}", "invalid_request_error", "invalid_json")
-    if not runtime.ready.is_set() or runtime.backends is None:
-        return _error(503, f"models are not loaded yet ({runtime.status})", "server_error", "not_ready")
+    refused = request_refusal(runtime)
+    if refused is not None:
+        response = _error(refused.http_status, refused.message,
+                          "rate_limit_error" if refused.http_status == 429 else "server_error", refused.code)
+        if refused.http_status == 429:
+            response.headers["Retry-After"] = "1"
+        return response
+    assert runtime.backends is not None  # (request_refusal: loaded)
     served = _served(runtime)
     if body.model not in (None, "", *served):
         return _error(404, f"model {body.model!r} is not served here; this server serves "
@@ -218,16 +225,6 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
                            f"(available: {', '.join(methods)}); the draft_model method needs "
                            "llm.speculative.method=draft_model at start-up", "invalid_request_error",
                       "speculation_unavailable")
-
-    if runtime.draining.is_set():
-        return _error(503, "the server is shutting down; try another replica or again shortly", "server_error",
-                      "shutting_down")
-    limit = runtime.settings.server.max_api_requests
-    if runtime.api_requests >= limit:
-        response = _error(429, f"{limit} generations are in progress (server.max_api_requests); try again shortly",
-                          "rate_limit_error", "too_many_requests")
-        response.headers["Retry-After"] = "1"
-        return response
 
     llm_cfg = runtime.settings.llm
     k = body.speculative.num_speculative_tokens if body.speculative else None

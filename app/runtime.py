@@ -15,17 +15,17 @@ import numpy as np
 from redis.asyncio import Redis
 
 from app.metrics import Metrics
+from app.security.phone_tokens import StreamTokens
 from app.security.shared import RedisUsedTokens, connect
 from app.security.tokens import Tokens, token_secret
 from app.settings import Settings
 from app.store import CallStore
 from app.store.traces import TurnTracer, make_tracer
-from app.transports.phone_tokens import StreamTokens
+from app.vllm_metrics import VllmMetricsPoller
 from core.clock import Clock
 from core.errors import VoiceAgentError
 from models import registry
 from models.protocols import TurnDetector
-from models.vllm_metrics import VllmMetricsPoller
 from pipeline.events import ResponseDone
 from pipeline.session import Backends, PipelineConfig
 from pipeline.tools import HttpTool, ToolBox, load_tools_file

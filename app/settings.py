@@ -137,7 +137,7 @@ class TwilioConfig(BaseModel):
 class TelnyxConfig(BaseModel):
     """Telnyx media streaming (docs/phone.md). Telnyx does not sign the media socket: each stream URL
     (`?token=...`), or the stream's streaming auth token, carries a one-use token that expires, minted
-    with the operator's secret (POST /api/phone/telnyx-stream, or app.transports.telnyx.mint_token)."""
+    with the operator's secret (POST /api/phone/telnyx-stream, or app.security.phone_tokens.mint_token)."""
 
     stream_token: SecretStr = Field(
         SecretStr(""), description="the secret that signs the one-use, time-bound tokens every /telnyx/media "

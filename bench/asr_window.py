@@ -2,7 +2,7 @@
 
 Every request of bench/turn_detection.py's labelled set, spoken whole by each of its voices (hibari's
 neural voice in six renderings, the headline; espeak-ng en-us / en-gb, robotic, reported apart),
-transcribed by the service's own recognizer (models/asr_faster_whisper.py, whisper-tiny.en int8,
+transcribed by the service's own recognizer (models/speech/asr_faster_whisper.py, whisper-tiny.en int8,
 beam 5) once per window in --windows and per input:
 - 16 kHz: the clip as a browser sends it;
 - 8 kHz mu-law: resampled to 8 kHz, mu-law encoded and decoded (G.711, as a phone call carries it),
@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.turn_detection import RATE, REQUESTS, VOICES, Speaker, speech_span
 from models import cpu
-from models.asr_faster_whisper import FasterWhisperRecognizer
-from models.cache import cache_root
 from models.config import AsrConfig
+from models.packs.cache import cache_root
+from models.speech.asr_faster_whisper import FasterWhisperRecognizer
 from pipeline.audio import float_to_mulaw, mulaw_to_float, resample
 
 INPUTS = ("16 kHz", "8 kHz mu-law")

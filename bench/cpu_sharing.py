@@ -31,7 +31,7 @@ from core.clock import MonotonicClock
 from core.worker import ModelWorker
 from models import cpu
 from models.config import AsrConfig, LlmConfig, SpeculativeConfig
-from models.llm_factory import load_embedded
+from models.llm.llm_factory import load_embedded
 from models.protocols import ChatMessage, GenerationDone, SamplingParams
 from models.registry import load_asr
 from tests.speech import espeak_wav

@@ -422,8 +422,8 @@ def faster_whisper_costs(model_path: str | None, device: str, repeats: int) -> d
     if not model_path:
         return {"skipped": "no --asr-model given (a faster-whisper model folder)",
                 "ctranslate2_cuda_devices": cuda_devices}
-    from models.asr_faster_whisper import FasterWhisperRecognizer
     from models.config import AsrConfig
+    from models.speech.asr_faster_whisper import FasterWhisperRecognizer
 
     audio = utterance_audio()
     if audio is None:
@@ -446,7 +446,7 @@ def turn_model_costs(path: str | None, repeats: int) -> dict[str, Any]:
         return {"skipped": "no --turn-model file (smart-turn-v3.2-cpu.onnx)"}
     import numpy as np
 
-    from models.turn_smart import SmartTurn, last_seconds, log_mel
+    from models.speech.turn_smart import SmartTurn, last_seconds, log_mel
 
     audio = np.random.default_rng(0).standard_normal(3 * 16000).astype(np.float32) * 0.1
     features = measure(lambda: log_mel(last_seconds(audio)), repeats, lambda: None)

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.clock import MonotonicClock
 from models import cpu
-from models.generation import GenerationLoop
-from models.lm import CausalLM
+from models.llm.generation import GenerationLoop
+from models.llm.lm import CausalLM
 from models.protocols import GenerationStats, SamplingParams, Speculation
 from models.speculative.decoder import SpecSession, SpeculativeStrategy
 
@@ -150,13 +150,13 @@ def speculation(target: CausalLM, draft: CausalLM | None, max_tokens: int, round
 
 
 def load(runtime: str, ref: str, threads: int) -> CausalLM:
-    from models.cache import resolve_gguf, resolve_torch
+    from models.packs.cache import resolve_gguf, resolve_torch
 
     if runtime == "llama.cpp":
-        from models.llama_cpp_lm import LlamaCppLM
+        from models.llm.llama_cpp_lm import LlamaCppLM
 
         return LlamaCppLM(resolve_gguf(ref), threads=threads, context_tokens=2048, sequences=4, name=ref)
-    from models.torch_lm import TorchLM
+    from models.llm.torch_lm import TorchLM
 
     kind = runtime.removeprefix("torch-")
     quantize = "int8" if kind == "int8" else "none"
@@ -198,7 +198,7 @@ def main() -> None:
     header: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                               "cpu": cpu.describe(), "threads": args.threads}
     if "llama.cpp" in args.runtimes:
-        from models.llama_cpp_lm import system_info
+        from models.llm.llama_cpp_lm import system_info
 
         header["llama_cpp"] = system_info().strip()
     print(f"CPU: {header['cpu']}\nthreads: {args.threads}\n" + (f"llama.cpp: {header.get('llama_cpp')}\n"

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.clock import MonotonicClock
 from models import cpu
 from models.config import LlmConfig, SpeculativeConfig
-from models.llm_factory import load_embedded
+from models.llm.llm_factory import load_embedded
 from models.protocols import ChatMessage, GenerationDone, SamplingParams, TextDelta
 from pipeline.config import DEFAULT_SYSTEM_PROMPT, SessionConfig
 from pipeline.history import prompt_window

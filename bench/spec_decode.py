@@ -22,8 +22,8 @@ from llm_runtime import load  # bench/llm_runtime.py, beside this script
 
 from core.clock import MonotonicClock
 from models import cpu
-from models.generation import GenerationLoop
-from models.lm import CausalLM
+from models.llm.generation import GenerationLoop
+from models.llm.lm import CausalLM
 from models.protocols import GenerationStats, SamplingParams, Speculation
 from models.speculative.decoder import SpeculativeStrategy
 

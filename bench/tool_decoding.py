@@ -39,14 +39,14 @@ from tool_set import REQUESTS, SPOKEN, SPOKEN_TOOLS, SYSTEM, TOOLS  # bench/tool
 
 from core.clock import MonotonicClock
 from models import cpu
-from models.cache import resolve_gguf
-from models.generation import GenerationLoop, PlainDecoder
-from models.llama_cpp_lm import LlamaCppLM, system_info
-from models.lm import CausalLM
+from models.llm.generation import GenerationLoop, PlainDecoder
+from models.llm.llama_cpp_lm import LlamaCppLM, system_info
+from models.llm.lm import CausalLM
+from models.llm.tool_calls import parse_tools
+from models.llm.tool_guide import ReplyReader, ToolGuide
+from models.packs.cache import resolve_gguf
 from models.protocols import GenerationStats, SamplingParams, Speculation
 from models.speculative.decoder import SpeculativeStrategy
-from models.tool_calls import parse_tools
-from models.tool_guide import ReplyReader, ToolGuide
 
 MODES = ("free", "plain", "jump", "jump+ngram", "jump+draft")
 

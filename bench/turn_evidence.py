@@ -28,14 +28,14 @@ import numpy as np
 
 from bench.turn_set import Sample
 from core.clock import MonotonicClock
-from models.asr_faster_whisper import FasterWhisperRecognizer
-from models.cache import cache_root, resolve
 from models.config import AsrConfig, LlmConfig
-from models.llm_embedded import EmbeddedLLM
-from models.llm_factory import load_embedded
+from models.llm.llm_embedded import EmbeddedLLM
+from models.llm.llm_factory import load_embedded
+from models.packs.cache import cache_root, resolve
 from models.protocols import ChatMessage
-from models.turn_smart import SmartTurn
-from models.vad_silero import SileroVad
+from models.speech.asr_faster_whisper import FasterWhisperRecognizer
+from models.speech.turn_smart import SmartTurn
+from models.speech.vad_silero import SileroVad
 from pipeline.config import DEFAULT_SYSTEM_PROMPT, EndpointingConfig
 from pipeline.endpointing import TURN_MODEL_S, Endpointer
 from pipeline.turn_policy import bare_words

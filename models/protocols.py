@@ -13,7 +13,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from models.tool_calls import ToolCall, Tools
+from models.llm.tool_calls import ToolCall, Tools
 
 Audio = npt.NDArray[np.float32]  # mono samples in [-1, 1]
 

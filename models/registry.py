@@ -14,14 +14,14 @@ from models.protocols import LanguageModel, SpeechRecognizer, Synthesizer, TurnD
 
 # engine name -> (module, class, what to install when the import fails)
 ENGINES: dict[str, dict[str, tuple[str, str, str]]] = {
-    "vad": {"silero": ("models.vad_silero", "SileroVad", "pip install faster-whisper onnxruntime")},
+    "vad": {"silero": ("models.speech.vad_silero", "SileroVad", "pip install faster-whisper onnxruntime")},
     "asr": {
-        "faster-whisper": ("models.asr_faster_whisper", "FasterWhisperRecognizer", "pip install faster-whisper"),
+        "faster-whisper": ("models.speech.asr_faster_whisper", "FasterWhisperRecognizer", "pip install faster-whisper"),
     },
     "tts": {
-        "hibari": ("models.tts_hibari", "HibariSynthesizer", "pip install hibari-tts"),
-        "espeak-ng": ("models.tts_espeak", "EspeakSynthesizer", "apt-get install espeak-ng"),
-        "coqui-xtts": ("models.tts_coqui", "CoquiXttsSynthesizer", "pip install 'voice-agent[coqui]'"),
+        "hibari": ("models.speech.tts_hibari", "HibariSynthesizer", "pip install hibari-tts"),
+        "espeak-ng": ("models.speech.tts_espeak", "EspeakSynthesizer", "apt-get install espeak-ng"),
+        "coqui-xtts": ("models.speech.tts_coqui", "CoquiXttsSynthesizer", "pip install 'voice-agent[coqui]'"),
     },
 }
 
@@ -48,8 +48,8 @@ def load_turn(config: TurnConfig) -> TurnDetector | None:
     """The end-of-turn model, or None when turn.engine is off."""
     if config.engine == "off":
         return None
-    from models.cache import resolve
-    from models.turn_smart import SmartTurn
+    from models.packs.cache import resolve
+    from models.speech.turn_smart import SmartTurn
 
     return SmartTurn(resolve(config.model), threads=config.threads)
 
@@ -68,11 +68,11 @@ def load_llm(config: LlmConfig, clock: Clock, *, sequences: int = 8, api_sequenc
     """`sequences`: calls held at once (server.max_sessions), `api_sequences`: /v1 generations at once
     (server.max_api_requests): the embedded engine's KV cache is sized for both."""
     if config.engine == "embedded":
-        from models.llm_factory import load_embedded
+        from models.llm.llm_factory import load_embedded
 
         return load_embedded(config, clock, sequences=sequences, api_sequences=api_sequences)
     if config.engine == "openai":
-        from models.llm_openai import OpenAIChatLLM
+        from models.llm.llm_openai import OpenAIChatLLM
 
         return OpenAIChatLLM(config, clock)
     raise ConfigError(f"unknown llm engine {config.engine!r}; known: embedded, openai")

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from models.llm.tool_calls import ToolCall, Tools
 from models.protocols import Audio, ChatMessage, GenerationStats
-from models.tool_calls import ToolCall, Tools
 
 # -- input side: audio in -> endpointing -> ASR ------------------------------------------------------
 

@@ -26,7 +26,7 @@ import httpx
 
 from core.clock import Clock
 from core.errors import ConfigError
-from models.tool_calls import Tool, ToolCall, Tools, parse_tools
+from models.llm.tool_calls import Tool, ToolCall, Tools, parse_tools
 from pipeline.config import ToolsConfig
 
 log = logging.getLogger(__name__)

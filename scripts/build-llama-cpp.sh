@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 
 python=${1:-.venv/bin/python}
 version=0.3.36
-cache=${VOICE_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/voice-agent}  # as models/cache.py finds it
+cache=${VOICE_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/voice-agent}  # as models/packs/cache.py finds it
 
 args=(-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
       -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_OPENMP=ON)

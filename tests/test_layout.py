@@ -31,6 +31,40 @@ def test_a_package_imports_only_what_is_below_it(package: str) -> None:
     assert not {k: v for k, v in wrong.items() if v}
 
 
+def imported_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    return found
+
+
+# Inside a package, folders that must not reach into others (module prefix -> prefixes it must not import).
+# app/main.py wires the routes: it alone, outside app/transports, imports a transport.
+FOLDERS_BELOW = {
+    "app": ("app.transports",),
+    "models.packs": ("models.llm", "models.speech", "models.speculative", "models.registry"),
+    "models.speech": ("models.llm", "models.speculative"),
+}
+WIRING = {"app.main"}
+
+
+@pytest.mark.parametrize("folder", sorted(FOLDERS_BELOW))
+def test_folders_inside_a_package_import_only_what_is_below_them(folder: str) -> None:
+    wrong = {}
+    for path in (ROOT / folder.replace(".", "/")).rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        if module in WIRING or any(module.startswith(f"{below}.") for below in FOLDERS_BELOW[folder]):
+            continue  # (a transport may import another module of its own folder, and app.transports itself)
+        bad = sorted(m for m in imported_modules(path)
+                     if any(m == below or m.startswith(f"{below}.") for below in FOLDERS_BELOW[folder]))
+        if bad:
+            wrong[module] = bad
+    assert not wrong
+
+
 def test_no_class_is_made_of_several_bases() -> None:
     """A part of a call is composed, never mixed in: a class with several bases shares one state
     among them, and a reader following a call loses sight at every hop."""

@@ -1,3 +1,4 @@
-"""The transports: each translates one wire format (the native /ws protocol, Twilio's and Telnyx's
-media streams, the OpenAI Realtime API) into the one call runner (call.py), which owns admission,
-the session's life, the call's record and playback reports."""
+"""The transports, one folder each: native/ (the /ws protocol), phone/ (Twilio's and Telnyx's media
+streams), realtime/ (the OpenAI Realtime API). In each, "messages" is the wire's schemas and "wire"
+the protocol handler that translates them for the one call runner (call.py), which owns the
+session's life, the call's record and playback reports; admission is app/admission.py's."""

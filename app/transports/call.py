@@ -4,7 +4,7 @@ A transport supplies a `Wire`: it parses the caller's messages and writes the se
 its own format, and tells the caller about errors its own way (an `error` event; on a phone line,
 which carries no text, a log line). Everything else is here, once for every transport:
 
-- admission (`refusal`): a draining server, models not loaded, every call slot taken;
+- admission (app/admission.py, the same for every transport, /v1 and the health probes);
 - the call's loop (`Call.run`): its deadline (server.max_session_s), a socket that never starts its
   call (server.start_timeout_s), a caller who stopped reading (server.send_timeout_s), the agent's
   hang-up, a session that failed, too many bad messages (server.max_protocol_errors), and the
@@ -20,12 +20,12 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketState
 
+from app.admission import Refusal, call_refusal
 from app.call_log import CallLog
 from app.runtime import Runtime
 from app.security.guard import client_slot
@@ -41,31 +41,8 @@ CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008
 CLOSE_ERROR = 1011
-CLOSE_TRY_LATER = 1013
 
 Message = MutableMapping[str, Any]
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why a call may not start: an error code, what to tell the caller, the close code."""
-
-    code: str
-    message: str
-    close_code: int = CLOSE_TRY_LATER
-
-
-def refusal(runtime: Runtime, *, needs_slot: bool = True) -> Refusal | None:
-    """The admission checks, the same for every transport. `needs_slot`: the call takes a slot now
-    (a phone call takes it at its provider's `start`, so a socket that never starts holds none)."""
-    if runtime.draining.is_set():
-        return Refusal("shutting_down", "the server is shutting down; call again")
-    if not runtime.ready.is_set():
-        return Refusal("not_ready", f"models are not loaded yet ({runtime.load_error or runtime.status})")
-    limit = runtime.settings.server.max_sessions
-    if needs_slot and len(runtime.sessions) >= limit:
-        return Refusal("server_busy", f"all {limit} call slots are taken; try again later")
-    return None
 
 
 class SocketWriter:
@@ -157,7 +134,7 @@ class Call:
     async def serve(self, *, take_slot: bool = True, subprotocol: str | None = None) -> None:
         """Accept the socket, admit the call (or close it with the reason), run it to its end."""
         await self.websocket.accept(subprotocol=subprotocol)
-        refused = refusal(self.runtime, needs_slot=take_slot)
+        refused = call_refusal(self.runtime, needs_slot=take_slot)
         if refused is not None:
             log.warning("%s: call refused: %s", self.label, refused.message)
             await self.tell(refused.code, refused.message)
@@ -177,7 +154,7 @@ class Call:
 
     def admit(self) -> Refusal | None:
         """Take a call slot now, unless the call may not start (then nothing is taken)."""
-        refused = refusal(self.runtime)
+        refused = call_refusal(self.runtime)
         if refused is None:
             self.open()
         return refused

@@ -22,16 +22,16 @@ import numpy as np
 
 from core.clock import Clock
 from core.errors import ConfigError
-from models.generation import Decoder, PlainDecoder
-from models.lm import CausalLM, LMState
+from models.llm.generation import Decoder, PlainDecoder
+from models.llm.lm import CausalLM, LMState
+from models.llm.sampling import probabilities
+from models.llm.tool_guide import GuideState, ToolGuide
 from models.protocols import GenerationStats, SamplingParams
-from models.sampling import probabilities
 from models.speculative.controller import CostModel, KController
 from models.speculative.draft_model import DraftModelProposer, check_compatible
 from models.speculative.ngram import NgramProposer
 from models.speculative.proposer import Proposer
 from models.speculative.verifier import verify_greedy, verify_sampled
-from models.tool_guide import GuideState, ToolGuide
 
 log = logging.getLogger(__name__)
 METHODS = ("off", "ngram", "draft_model")

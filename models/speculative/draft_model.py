@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from core.errors import IncompatibleModelsError
-from models.lm import CausalLM
+from models.llm.lm import CausalLM
+from models.llm.sampling import Probs, Rng, probabilities, sample
 from models.protocols import SamplingParams
-from models.sampling import Probs, Rng, probabilities, sample
 from models.speculative.ngram import lookup_match
 from models.speculative.proposer import Draft
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from models.llm.sampling import Rng
 from models.protocols import SamplingParams
-from models.sampling import Rng
 from models.speculative.proposer import Draft
 
 

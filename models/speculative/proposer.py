@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from models.llm.sampling import Probs, Rng
 from models.protocols import SamplingParams
-from models.sampling import Probs, Rng
 
 
 @dataclass(frozen=True)

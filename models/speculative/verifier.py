@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.lm import Logits
-from models.sampling import Probs, Rng, sample
+from models.llm.lm import Logits
+from models.llm.sampling import Probs, Rng, sample
 
 
 @dataclass(frozen=True)

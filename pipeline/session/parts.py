@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from core.worker import ModelWorker
+from models.llm.tool_calls import Tools
 from models.protocols import (
     Audio,
     ChatMessage,
@@ -21,7 +22,6 @@ from models.protocols import (
     TurnDetector,
     VoiceActivityDetector,
 )
-from models.tool_calls import Tools
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
 from pipeline.events import (
     AudioFrame,

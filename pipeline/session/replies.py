@@ -14,8 +14,8 @@ import numpy as np
 
 from core.clock import Clock
 from core.errors import VoiceAgentError
+from models.llm.tool_calls import ToolCall, Tools
 from models.protocols import ChatMessage, Conversation
-from models.tool_calls import ToolCall, Tools
 from pipeline.audio import resample
 from pipeline.chunker import chunk_stage
 from pipeline.events import (

@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from core.clock import Clock
+from models.llm.tool_calls import ToolCall, Tools
 from models.protocols import ChatMessage, Conversation
-from models.tool_calls import ToolCall, Tools
 from pipeline.asr_stage import asr_stage
 from pipeline.endpointing import vad_stage
 from pipeline.events import (

@@ -11,8 +11,8 @@ from dataclasses import replace
 from typing import Any
 
 from core.clock import Clock
+from models.llm.tool_calls import ToolCall
 from models.protocols import ChatMessage
-from models.tool_calls import ToolCall
 from pipeline.config import SessionConfig
 from pipeline.events import FunctionCallRequest, ResponseDone
 from pipeline.session.history import History

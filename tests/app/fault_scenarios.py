@@ -21,11 +21,11 @@ from typing import Any
 from app.runtime import Runtime
 from app.settings import ServerConfig, Settings
 from app.store.config import StorageConfig
-from app.transports.native import native_call
+from app.transports.native.wire import native_call
 from core.clock import MonotonicClock
 from core.errors import EngineError
 from models.config import LlmConfig
-from models.llm_openai import OpenAIChatLLM
+from models.llm.llm_openai import OpenAIChatLLM
 from models.protocols import Audio
 from pipeline.config import AsrStageConfig, EndpointingConfig, SessionConfig
 from pipeline.session import Backends

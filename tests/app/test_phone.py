@@ -1,4 +1,4 @@
-"""The phone transport (app/transports/phone.py) with a fake socket and fake engines: reply audio goes out as
+"""The phone transport (app/transports/phone/wire.py) with a fake socket and fake engines: reply audio goes out as
 20 ms mu-law frames with marks, echoed marks tell the session what was heard, a barge-in sends
 `clear` after the turn is finished (so the marks `clear` returns count for nothing), bad frames are
 logged and counted and the call goes on."""
@@ -16,8 +16,8 @@ import pytest
 from app.runtime import Runtime
 from app.settings import PhoneConfig, ServerConfig, Settings
 from app.transports.call import Call
-from app.transports.phone import phone_call
-from app.transports.phone_wire import TELNYX, TWILIO, Dialect, mark_name, parse_mark
+from app.transports.phone.messages import TELNYX, TWILIO, Provider, mark_name, parse_mark
+from app.transports.phone.wire import phone_call
 from core.clock import MonotonicClock
 from pipeline.audio import float_to_mulaw, mulaw_to_pcm16
 from pipeline.config import AsrStageConfig, EndpointingConfig, SessionConfig
@@ -44,10 +44,10 @@ def phone_runtime(llm: FakeLLM, finals: list[str], max_errors: int = 50, **sessi
 class Line:
     """The provider's side of a fake socket: frames in, the server's frames out."""
 
-    def __init__(self, dialect: Dialect = TWILIO) -> None:
+    def __init__(self, provider: Provider = TWILIO) -> None:
         self.socket = FakeSocket()
-        self.dialect = dialect
-        self.key = dialect.stream_key
+        self.provider = provider
+        self.key = provider.stream_key
 
     def send(self, event: str, **body: Any) -> None:
         self.socket.text(json.dumps({"event": event, self.key: "MZ1", **body}))
@@ -55,7 +55,7 @@ class Line:
     def start(self, runtime: Runtime | None = None, nonce: str | None = None, call_sid: str = "CA1") -> None:
         """The provider's `start`. Twilio's hands back the nonce of the TwiML that made the call: one
         `runtime` mints (as the voice webhook does), or the one given."""
-        if self.dialect is TWILIO:
+        if self.provider is TWILIO:
             if nonce is None and runtime is not None:
                 nonce = runtime.stream_nonces.issue(call_sid)
             parameters = {"From": "+1555", **({"nonce": nonce} if nonce is not None else {})}

@@ -17,9 +17,9 @@ from starlette.websockets import WebSocketDisconnect
 from twilio.request_validator import RequestValidator
 
 from app.main import create_app
+from app.security.phone_tokens import mint_token
 from app.settings import ServerConfig, Settings, TelnyxConfig, TwilioConfig
-from app.transports.phone_tokens import mint_token
-from app.transports.twilio import stream_url, twiml
+from app.transports.phone.twilio import stream_url, twiml
 from pipeline.session import Backends
 from tests.phone_sim import parse_twiml, twilio_signature
 from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad

@@ -53,7 +53,7 @@ async def served(llm: FakeLLM, finals: list[str], **more: object) -> AsyncIterat
 
 async def test_a_signed_call_plays_the_reply_in_real_time_and_echoes_its_marks(
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="app.transports.phone")
+    caplog.set_level(logging.INFO, logger="app.transports.phone.wire")
     async with served(FakeLLM(["One two three four five six seven eight."]), ["Count to eight."]) as host:
         for refused_call in (PhoneSim(f"ws://{host}/twilio/media"),  # unsigned: HTTP 403, no socket
                              PhoneSim(f"ws://{host}/telnyx/media", provider="telnyx", stream_token="guess")):
@@ -107,7 +107,7 @@ async def test_end_call_ends_the_phone_call_after_the_goodbyes_mark() -> None:
     closes the media stream (which ends Twilio's <Connect>) once the goodbye's last mark came back
     played, not before."""
     from app.settings import ToolsConfig
-    from models.tool_calls import ToolCall
+    from models.llm.tool_calls import ToolCall
 
     llm = FakeLLM([[ToolCall("call_end", "end_call", "{}")], "Goodbye, and thank you for calling."])
     settings = dict(tools=ToolsConfig(end_call=True, goodbye_grace_ms=10000))

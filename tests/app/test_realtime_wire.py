@@ -18,7 +18,7 @@ from app.settings import Settings
 from app.transports.call import Call
 from app.transports.realtime.wire import realtime_call
 from core.clock import MonotonicClock
-from models.tool_calls import ToolCall
+from models.llm.tool_calls import ToolCall
 from pipeline.config import ReplyBudgetConfig, SessionConfig
 from pipeline.session import Backends
 from tests.app.test_ws_edges import FakeSocket

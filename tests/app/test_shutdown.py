@@ -144,8 +144,8 @@ async def test_sigterm_lets_the_reply_finish_refuses_new_calls_keeps_records_and
 
 async def test_a_phone_call_is_closed_1001_with_the_reason_and_v1_answers_503_while_draining(tmp_path: Path) -> None:
     from app.main import create_app
-    from app.transports.phone import phone_call
-    from app.transports.phone_wire import TWILIO
+    from app.transports.phone.messages import TWILIO
+    from app.transports.phone.wire import phone_call
     from tests.app.fake_server import fake_backends
     from tests.app.test_phone import Line
 

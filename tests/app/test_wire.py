@@ -1,6 +1,6 @@
 import pytest
 
-from app.transports.native_wire import OutputAudioPlayed, SessionEnd, SessionStart, event_json, parse_client_text
+from app.transports.native.messages import OutputAudioPlayed, SessionEnd, SessionStart, event_json, parse_client_text
 from core.errors import ProtocolError
 from models.protocols import GenerationStats
 from pipeline.events import ResponseDone, SpeechStarted

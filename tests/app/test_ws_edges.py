@@ -17,7 +17,7 @@ from starlette.websockets import WebSocketState
 from app.runtime import Runtime
 from app.settings import ServerConfig, Settings
 from app.transports.call import CLOSE_ERROR, CLOSE_POLICY
-from app.transports.native import native_call
+from app.transports.native.wire import native_call
 from core.clock import MonotonicClock
 from models.protocols import Audio
 from pipeline.session import Backends

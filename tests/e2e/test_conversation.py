@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from app.client import VoiceClient
-from models.asr_faster_whisper import FasterWhisperRecognizer
 from models.config import AsrConfig
+from models.speech.asr_faster_whisper import FasterWhisperRecognizer
 from pipeline.audio import resample
 from pipeline.turns import MARKS
 from tests.e2e.conftest import Server, ask_once

@@ -91,8 +91,8 @@ def word_timer() -> Any:
     """Whisper with word timestamps: where each word of the reply audio ends."""
     from faster_whisper import WhisperModel
 
-    from models.cache import resolve
     from models.config import AsrConfig
+    from models.packs.cache import resolve
 
     return WhisperModel(resolve(AsrConfig().model), device="cpu", compute_type="int8", cpu_threads=2)
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
-from models.asr_faster_whisper import FasterWhisperRecognizer
 from models.config import AsrConfig
+from models.speech.asr_faster_whisper import FasterWhisperRecognizer
 from pipeline.audio import alaw_to_pcm16, pcm16_to_mulaw, resample
 from tests.e2e.conftest import Server, kept_call
 from tests.speech import speech_samples, words

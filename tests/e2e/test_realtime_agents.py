@@ -14,8 +14,8 @@ import pytest
 from agents import function_tool
 from agents.realtime import RealtimeAgent, RealtimeRunner
 
-from models.asr_faster_whisper import FasterWhisperRecognizer
 from models.config import AsrConfig
+from models.speech.asr_faster_whisper import FasterWhisperRecognizer
 from pipeline.audio import resample
 from tests.e2e.conftest import Server
 from tests.speech import speech_samples, words

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, settings
 
 from app.runtime import Runtime
 from app.settings import ServerConfig, Settings
-from app.transports.native import native_call
+from app.transports.native.wire import native_call
 from core.clock import MonotonicClock
 from pipeline.config import AsrStageConfig, EndpointingConfig, SessionConfig
 from tests.app.fake_server import REPLY, fake_backends

@@ -1,4 +1,4 @@
-"""Fuzzing the phone protocol (Twilio and Telnyx media streams): Dialect.parse alone, then the real
+"""Fuzzing the phone protocol (Twilio and Telnyx media streams): Provider.parse alone, then the real
 phone_call (fake socket, fake engines, named as fakes) fed hostile frame sequences. A phone line takes
 no error messages: every bad frame is logged and counted in /metrics, the call goes on until
 server.max_protocol_errors, and a well-behaved /ws caller on the same runtime is still answered."""
@@ -16,20 +16,20 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from app.runtime import Runtime
-from app.transports.phone import phone_call
-from app.transports.phone_wire import (
+from app.transports.phone.messages import (
     DTMF_DIGITS,
     TELNYX,
     TWILIO,
     CallStart,
     Connected,
-    Dialect,
     Dtmf,
     Mark,
     Media,
+    Provider,
     ProviderError,
     Stop,
 )
+from app.transports.phone.wire import phone_call
 from core.errors import ProtocolError
 from tests.app.test_ws_edges import FakeSocket
 from tests.fuzz.harness import CASES, MAX_ERRORS, GoodCaller, Loop, fake_runtime, fuzz_settings
@@ -148,7 +148,7 @@ def with_nonces(runtime: Runtime, messages: list[tuple[str, Any]]) -> list[tuple
     return signed
 
 
-def expected_errors(dialect: Dialect, messages: list[tuple[str, Any]], limit: int,
+def expected_errors(provider: Provider, messages: list[tuple[str, Any]], limit: int,
                     nonced: bool) -> tuple[int, bool]:
     """How many errors the call must count (voice_agent_errors_total), following PhoneWire.handle:
     each bad frame; a Twilio `start` without its TwiML's nonce (unless `nonced`), which starts no
@@ -160,7 +160,7 @@ def expected_errors(dialect: Dialect, messages: list[tuple[str, Any]], limit: in
             frame = None
         else:
             try:
-                frame = dialect.parse(payload, limit)
+                frame = provider.parse(payload, limit)
             except ProtocolError:
                 frame = None
         if isinstance(frame, Stop):
@@ -168,7 +168,7 @@ def expected_errors(dialect: Dialect, messages: list[tuple[str, Any]], limit: in
         if isinstance(frame, ProviderError):
             counted += 1
             continue
-        if isinstance(frame, CallStart) and not started and dialect.name == "twilio" and not (
+        if isinstance(frame, CallStart) and not started and provider.name == "twilio" and not (
                 nonced and frame.parameters.get("nonce")):
             counted += 1  # refused: no nonce (the call is closed 1008; the frames after it still count)
             continue
@@ -182,9 +182,9 @@ def expected_errors(dialect: Dialect, messages: list[tuple[str, Any]], limit: in
     return counted, started
 
 
-async def hostile_call(runtime: Runtime, dialect: Dialect, messages: list[tuple[str, Any]]) -> FakeSocket:
+async def hostile_call(runtime: Runtime, provider: Provider, messages: list[tuple[str, Any]]) -> FakeSocket:
     socket = FakeSocket()
-    call = phone_call(socket, runtime, dialect)  # type: ignore[arg-type]
+    call = phone_call(socket, runtime, provider)  # type: ignore[arg-type]
     runner = asyncio.create_task(call.run())
     for kind, payload in messages:
         socket.text(payload) if kind == "text" else socket.audio(payload)

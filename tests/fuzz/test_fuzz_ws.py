@@ -1,5 +1,5 @@
-"""Fuzzing the native /ws protocol: native_wire.parse_client_text alone, then the real native call
-(app/transports/native.py on the call runner; fake socket, fake engines, named as fakes) fed hostile
+"""Fuzzing the native /ws protocol: native.messages.parse_client_text alone, then the real native call
+(app/transports/native/wire.py on the call runner; fake socket, fake engines, named as fakes) fed hostile
 message sequences, frames before session.start and floods, while a well-behaved caller on the same
 runtime goes on being answered correctly."""
 
@@ -15,8 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.runtime import Runtime
-from app.transports.native import native_call
-from app.transports.native_wire import OUTPUT_RATES, OutputAudioPlayed, SessionEnd, SessionStart, parse_client_text
+from app.transports.native.messages import OUTPUT_RATES, OutputAudioPlayed, SessionEnd, SessionStart, parse_client_text
+from app.transports.native.wire import native_call
 from core.errors import ProtocolError
 from pipeline.audio import SUPPORTED_INPUT_RATES
 from tests.app.test_ws_edges import FakeSocket

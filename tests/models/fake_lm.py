@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from models.lm import LMState, Logits
+from models.llm.lm import LMState, Logits
 
 SPECIALS = ["<|im_end|>", "<tool_call>", "</tool_call>"]
 PIECES = ['{"', '":', ' "', '",', '", "', ': ', ', "', '"}', '}}', '"}}', "name", "arguments", "book", "_table",

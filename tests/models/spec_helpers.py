@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from models.generation import GenerationLoop
-from models.lm import CausalLM, LMState
+from models.llm.generation import GenerationLoop
+from models.llm.lm import CausalLM, LMState
 from models.protocols import GenerationStats, SamplingParams, Speculation
 from models.speculative.decoder import SpecSession, SpeculativeStrategy
 

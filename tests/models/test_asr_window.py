@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.asr_faster_whisper import FasterWhisperRecognizer
 from models.config import AsrConfig
 from models.protocols import Heard
+from models.speech.asr_faster_whisper import FasterWhisperRecognizer
 from tests.speech import speech_samples, words
 
 QUESTION = "What is the weather going to be like in Paris tomorrow?"

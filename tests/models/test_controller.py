@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from core.clock import FakeClock
+from models.llm.sampling import Rng
 from models.protocols import SamplingParams
-from models.sampling import Rng
 from models.speculative.controller import CostModel, KController, expected_tokens
 from models.speculative.decoder import SpeculativeStrategy
 from models.speculative.proposer import Draft

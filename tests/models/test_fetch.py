@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from core.errors import IntegrityError, ModelFetchError, ModelMissingError
-from models import packs as packs_module
-from models.cache import is_ready, resolve
-from models.fetch import assemble, fetch_pack
-from models.packs import Pack, PackFile, WheelSource
+from models.packs import catalog as packs_module
+from models.packs.cache import is_ready, resolve
+from models.packs.catalog import Pack, PackFile, WheelSource
+from models.packs.fetch import assemble, fetch_pack
 
 
 def wheel(path: Path, members: dict[str, bytes]) -> Path:

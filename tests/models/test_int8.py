@@ -11,9 +11,9 @@ import torch
 
 from core.clock import MonotonicClock
 from core.errors import BackendUnavailableError
-from models.int8 import Int8Linear, int8_error, int8_is_accurate, quantize_linears, use_rowwise_attention
+from models.llm.int8 import Int8Linear, int8_error, int8_is_accurate, quantize_linears, use_rowwise_attention
+from models.llm.torch_lm import TorchLM, choose_quantization
 from models.speculative.decoder import SpeculativeStrategy
-from models.torch_lm import TorchLM, choose_quantization
 from tests.models.spec_helpers import generate, params, prompt_of
 from tests.models.tiny import tiny_lm
 

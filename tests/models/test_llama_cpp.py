@@ -20,9 +20,9 @@ import pytest
 
 from core.clock import MonotonicClock
 from core.errors import IncompatibleModelsError
-from models.cache import resolve_gguf
-from models.llama_cpp_lm import LlamaCppLM
-from models.llm_embedded import EmbeddedLLM
+from models.llm.llama_cpp_lm import LlamaCppLM
+from models.llm.llm_embedded import EmbeddedLLM
+from models.packs.cache import resolve_gguf
 from models.protocols import ChatMessage, GenerationDone, GenerationStats, SamplingParams, TextDelta
 from models.speculative.decoder import SpeculativeStrategy
 from tests.models.spec_helpers import generate, params

@@ -11,11 +11,11 @@ import pytest
 
 from core.clock import MonotonicClock
 from core.errors import ContextLengthError
-from models.cache import resolve_gguf
 from models.config import LlmConfig, SpeculativeConfig
-from models.llama_cpp_lm import LlamaCppLM
-from models.llm_embedded import EmbeddedConversation, EmbeddedLLM
-from models.llm_factory import load_embedded
+from models.llm.llama_cpp_lm import LlamaCppLM
+from models.llm.llm_embedded import EmbeddedConversation, EmbeddedLLM
+from models.llm.llm_factory import load_embedded
+from models.packs.cache import resolve_gguf
 from models.protocols import ChatMessage, SamplingParams
 
 pytestmark = pytest.mark.slow

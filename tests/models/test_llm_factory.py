@@ -9,7 +9,7 @@ from pathlib import Path
 
 from core.clock import MonotonicClock
 from models.config import LlmConfig, SpeculativeConfig
-from models.llm_factory import load_embedded
+from models.llm.llm_factory import load_embedded
 from models.protocols import ChatMessage, GenerationDone, SamplingParams
 from tests.models.tiny import tiny_lm
 

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible LLM client (models/llm_openai.py), over real sockets.
+"""The OpenAI-compatible LLM client (models/llm/llm_openai.py), over real sockets.
 
 - Against the project's own server (`voice-agent serve`, real models; slow): a streamed reply, and
   cancellation mid-stream that the server sees as a disconnect and counts as aborted.
@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from core.clock import MonotonicClock
 from core.errors import EngineError, LLMUnavailableError
 from models.config import LlmConfig
-from models.llm_openai import OpenAIChatLLM
+from models.llm.llm_openai import OpenAIChatLLM
 from models.protocols import ChatMessage, GenerationDone, LLMOutput, SamplingParams, TextDelta
 from tests.e2e.conftest import Server, start_server, stop_server
 
@@ -421,7 +421,7 @@ async def test_priority_is_sent_only_when_enabled() -> None:
 def test_warm_up_only_warns_when_the_server_is_down(caplog: pytest.LogCaptureFixture) -> None:
     base_url = f"http://127.0.0.1:{free_port()}/v1"
     llm = make_llm(base_url, remote_model="")
-    with caplog.at_level(logging.WARNING, logger="models.llm_openai"):
+    with caplog.at_level(logging.WARNING, logger="models.llm.llm_openai"):
         llm.warm_up()
     assert any(base_url in r.getMessage() and "not ready" in r.getMessage() for r in caplog.records)
     assert llm.model is None  # asked again on the first turn
@@ -546,8 +546,8 @@ async def test_a_server_that_asks_for_a_long_wait_is_not_retried() -> None:
 async def test_tools_are_sent_and_streamed_tool_call_deltas_become_whole_calls() -> None:
     """vLLM's shape (--enable-auto-tool-choice --tool-call-parser hermes): the id and name come first,
     the arguments in pieces, two calls by index; the reply finishes with "tool_calls"."""
+    from models.llm.tool_calls import ToolCall, parse_tools
     from models.protocols import ToolCallOutput
-    from models.tool_calls import ToolCall, parse_tools
 
     def call_delta(index: int, **function: str) -> bytes:
         piece: dict[str, Any] = {"index": index, "function": function}

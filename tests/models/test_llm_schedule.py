@@ -9,7 +9,7 @@ import threading
 
 from core.clock import MonotonicClock
 from core.worker import ModelWorker, Schedule
-from models.llm_embedded import EmbeddedConversation, EmbeddedLLM
+from models.llm.llm_embedded import EmbeddedConversation, EmbeddedLLM
 from models.protocols import ChatMessage, SamplingParams, TextDelta
 from tests.models.tiny import tiny_lm
 

@@ -10,8 +10,8 @@ import pytest
 from scipy.stats import chisquare
 
 from core.clock import MonotonicClock
+from models.llm.sampling import Probs, Rng, probabilities, sample
 from models.protocols import SamplingParams
-from models.sampling import Probs, Rng, probabilities, sample
 from models.speculative import decoder as decoder_module
 from models.speculative.decoder import SpeculativeStrategy
 from models.speculative.verifier import Verdict, verify_sampled

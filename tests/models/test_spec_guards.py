@@ -9,8 +9,8 @@ import pytest
 
 from core.clock import MonotonicClock
 from core.errors import IncompatibleModelsError, MemoryBudgetError
+from models.llm.memory import GIB, available_memory, cgroup_room, check_memory, footprint
 from models.speculative.decoder import SpeculativeStrategy
-from models.speculative.memory import GIB, available_memory, cgroup_room, check_memory, footprint
 from tests.models.tiny import tiny_lm
 
 

@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 
 from core.clock import MonotonicClock
-from models.cache import resolve_gguf
-from models.llama_cpp_lm import LlamaCppLM
-from models.llm_embedded import EmbeddedLLM
+from models.llm.llama_cpp_lm import LlamaCppLM
+from models.llm.llm_embedded import EmbeddedLLM
+from models.llm.tool_calls import ToolCall, Tools, parse_tools
+from models.llm.tool_guide import ToolGuide
+from models.packs.cache import resolve_gguf
 from models.protocols import (
     ChatMessage,
     GenerationDone,
@@ -31,8 +33,6 @@ from models.protocols import (
     ToolCallOutput,
 )
 from models.speculative.decoder import SpeculativeStrategy
-from models.tool_calls import ToolCall, Tools, parse_tools
-from models.tool_guide import ToolGuide
 from tests.models.spec_helpers import generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 
 from core.clock import MonotonicClock
 from core.errors import ConfigError
-from models.generation import GenerationLoop, PlainDecoder
-from models.json_nfa import arguments_nfa
-from models.json_pattern import ends_anchored
+from models.llm.generation import GenerationLoop, PlainDecoder
+from models.llm.json_nfa import arguments_nfa
+from models.llm.json_pattern import ends_anchored
+from models.llm.tool_calls import ToolCall, Tools, parse_tools
+from models.llm.tool_guide import ReplyReader, ToolGuide
 from models.protocols import GenerationStats, SamplingParams, Speculation
 from models.speculative.decoder import SpeculativeStrategy
-from models.tool_calls import ToolCall, Tools, parse_tools
-from models.tool_guide import ReplyReader, ToolGuide
 from tests.models.fake_lm import FakeByteLM
 
 BOOKING = {

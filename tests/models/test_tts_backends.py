@@ -10,8 +10,8 @@ import pytest
 
 from core.errors import BackendUnavailableError
 from models import registry
-from models.asr_faster_whisper import FasterWhisperRecognizer
 from models.config import AsrConfig, TtsConfig
+from models.speech.asr_faster_whisper import FasterWhisperRecognizer
 from pipeline.audio import resample
 from tests.speech import words
 

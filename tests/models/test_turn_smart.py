@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.cache import resolve
-from models.turn_smart import SmartTurn, last_seconds, log_mel
+from models.packs.cache import resolve
+from models.speech.turn_smart import SmartTurn, last_seconds, log_mel
 from pipeline.audio import resample
 
 

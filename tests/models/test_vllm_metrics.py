@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry
 
 from app.runtime import Runtime
 from app.settings import Settings
+from app.vllm_metrics import SpecDecodeCounters, VllmMetricsPoller, parse_spec_decode
 from core.clock import MonotonicClock
 from models.config import LlmConfig
-from models.vllm_metrics import SpecDecodeCounters, VllmMetricsPoller, parse_spec_decode
 
 MODEL = "qwen2.5-7b-instruct"
 

@@ -9,7 +9,7 @@ from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from models.torch_lm import TorchLM
+from models.llm.torch_lm import TorchLM
 
 SPECIALS = ["<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>"]
 TEMPLATE = (

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 import numpy as np
 
 from core.clock import MonotonicClock
+from models.llm.tool_calls import ToolCall, Tools
 from models.protocols import (
     Audio,
     ChatMessage,
@@ -21,7 +22,6 @@ from models.protocols import (
     ToolCallDelta,
     ToolCallOutput,
 )
-from models.tool_calls import ToolCall, Tools
 from pipeline.events import OutEvent
 
 

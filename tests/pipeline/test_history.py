@@ -7,7 +7,7 @@ import asyncio
 import itertools
 
 from core.clock import MonotonicClock
-from models.llm_embedded import EmbeddedLLM
+from models.llm.llm_embedded import EmbeddedLLM
 from models.protocols import ChatMessage, GenerationDone, SamplingParams
 from pipeline.history import prompt_window
 from tests.models.tiny import tiny_lm

@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import AsyncGenerator, Sequence
 
 from core.clock import MonotonicClock
+from models.llm.tool_calls import Tools
 from models.protocols import ChatMessage, GenerationDone, GenerationStats, LLMOutput, SamplingParams, TextDelta
-from models.tool_calls import Tools
 from pipeline.config import ReplyBudgetConfig
 from pipeline.events import ReplyFinished, ReplyRequest, ReplyText
 from pipeline.llm_stage import llm_stage

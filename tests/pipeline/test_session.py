@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from core.clock import Clock, FakeClock
+from models.llm.tool_calls import Tools
 from models.protocols import Audio, ChatMessage, LLMOutput, SamplingParams, TextDelta
-from models.tool_calls import Tools
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, ReplyBudgetConfig, SessionConfig
 from pipeline.events import (
     AudioFrame,

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from models.tool_calls import Tool, ToolCall
+from models.llm.tool_calls import Tool, ToolCall
 from pipeline.config import ToolsConfig
 from pipeline.events import FunctionCallDelta, FunctionCallRequest, ResponseDone
 from pipeline.session import Session

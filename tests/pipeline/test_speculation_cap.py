@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from core.clock import MonotonicClock
-from models.llm_embedded import EmbeddedConversation, EmbeddedLLM
+from models.llm.llm_embedded import EmbeddedConversation, EmbeddedLLM
 from models.protocols import ChatMessage, GenerationDone, GenerationStats, SamplingParams, TextDelta
 from models.speculative.decoder import SpecSession, SpeculativeStrategy
 from pipeline.config import SessionConfig

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.transports.realtime.protocol import RealtimeError
+from app.transports.realtime.messages import RealtimeError
+from models.llm.tool_calls import ToolCall
 from models.protocols import ChatMessage
-from models.tool_calls import ToolCall
 
 TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text",
               "input_audio": "transcript", "output_audio": "transcript", "audio": "transcript"}

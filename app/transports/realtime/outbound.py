@@ -16,8 +16,8 @@ from typing import Any
 from app.metrics import Metrics
 from app.transports.call import SocketWriter
 from app.transports.realtime.idle import IdleTimer
-from app.transports.realtime.protocol import Dialect, error_event, message_item, new_id
-from models.tool_calls import ToolCall
+from app.transports.realtime.messages import Dialect, error_event, message_item, new_id
+from models.llm.tool_calls import ToolCall
 from pipeline.audio import pcm16_to_alaw, pcm16_to_mulaw
 from pipeline.events import (
     ErrorEvent,

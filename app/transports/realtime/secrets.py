@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from app.runtime import Runtime
 from app.security.access import CLIENT_SECRET_MAX_TTL_S, Access, client_of
-from app.transports.realtime.protocol import Dialect, RealtimeError, error_event
+from app.transports.realtime.messages import Dialect, RealtimeError, error_event
 from app.transports.realtime.settings import RealtimeSettings
 
 router = APIRouter()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.transports.realtime.protocol import BETA_FORMATS, FORMAT_RATES, GA_FORMATS, RealtimeError, new_id
+from app.transports.realtime.messages import BETA_FORMATS, FORMAT_RATES, GA_FORMATS, RealtimeError, new_id
 from pipeline.config import EndpointingConfig
 
 TURN_DETECTIONS = ("server_vad", "semantic_vad")

@@ -23,12 +23,12 @@ from app.security.guard import MINTED_SESSION, rate_limits
 from app.transports.call import Call, Message
 from app.transports.realtime.idle import IdleTimer
 from app.transports.realtime.items import item_message
+from app.transports.realtime.messages import Dialect, RealtimeError, error_event, message_item, new_id
 from app.transports.realtime.outbound import RealtimeOutbound
-from app.transports.realtime.protocol import Dialect, RealtimeError, error_event, message_item, new_id
 from app.transports.realtime.settings import RealtimeSettings, parse_modalities
 from core.errors import ConfigError
+from models.llm.tool_calls import Tools
 from models.protocols import ChatMessage
-from models.tool_calls import Tools
 from pipeline.audio import alaw_to_pcm16, mulaw_to_pcm16, pcm16_to_float, resample
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from core.errors import ConfigError
 
 if TYPE_CHECKING:  # json_nfa calls in here: no import back at run time
-    from models.json_nfa import Builder, Fragment
+    from models.llm.json_nfa import Builder, Fragment
 
 MAX_REPEAT = 64
 _ASCII = frozenset(range(0x80))

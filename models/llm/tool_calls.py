@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import ConfigError
-from models.json_nfa import Builder, Nfa, compile_value
+from models.llm.json_nfa import Builder, Nfa, compile_value
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 CHOICES = ("auto", "none", "required")

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 
 from core.errors import BackendUnavailableError, EngineError, ModelMissingError
-from models.cache import resolve
 from models.config import AsrConfig
 from models.cpu import cores
+from models.packs.cache import resolve
 from models.protocols import Audio, Heard
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from models.lm import CausalLM, LMState, Logits
+from models.llm.lm import CausalLM, LMState, Logits
+from models.llm.sampling import make_generator, probabilities, sample
+from models.llm.tool_guide import GuideState, ToolGuide
 from models.protocols import GenerationStats, SamplingParams
-from models.sampling import make_generator, probabilities, sample
-from models.tool_guide import GuideState, ToolGuide
 
 
 class Decoder(Protocol):

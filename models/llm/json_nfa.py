@@ -8,7 +8,7 @@ the model (jump-forward).
 
 Supported: `type` (object, array, string, integer, number, boolean, null, or a list of them),
 `properties` (kept in their declared order), `required`, `items`, `enum`, `const`, `anyOf`,
-`oneOf`, and a string's `pattern` (models/json_pattern.py). An object takes no properties beyond
+`oneOf`, and a string's `pattern` (models/llm/json_pattern.py). An object takes no properties beyond
 those declared. Words that describe but do not shape (`description`, `title`, `default`,
 `examples`, `format`, `minimum`...) are ignored here; the finished arguments are checked against
 the whole schema afterwards. Anything else (`$ref`, `patternProperties`, `allOf`, a nesting deeper
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import ConfigError
-from models.json_pattern import pattern_string
+from models.llm.json_pattern import pattern_string
 
 State = frozenset[int]
 MAX_DEPTH = 6

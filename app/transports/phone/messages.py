@@ -1,7 +1,7 @@
 """The frames of the phone transports (docs/phone.md). Twilio Media Streams and Telnyx media
 streaming send the same events (`connected`, `start`, `media`, `dtmf`, `mark`, `stop`) and take the
 same ones (`media`, `mark`, `clear`); they differ in field names (camelCase `streamSid` against
-snake_case `stream_id`) and in how `start` describes the call. A `Dialect` holds the differences.
+snake_case `stream_id`) and in how `start` describes the call. A `Provider` holds the differences.
 
 Audio is 8 kHz mono G.711 mu-law, base64, no header, both ways.
 """
@@ -165,7 +165,7 @@ class _TelnyxStart(_Lenient):
     start: _TelnyxCall
 
 
-# Every frame a dialect takes, told apart by `event`; an event not listed is `union_tag_invalid`.
+# Every frame a provider takes, told apart by `event`; an event not listed is `union_tag_invalid`.
 _TwilioFrame = Annotated[_MediaFrame | _DtmfFrame | _MarkFrame | _ConnectedFrame | _StopFrame | _TwilioStart,
                          Field(discriminator="event")]
 _TelnyxFrame = Annotated[_MediaFrame | _DtmfFrame | _MarkFrame | _ConnectedFrame | _StopFrame | _TelnyxStart
@@ -173,11 +173,11 @@ _TelnyxFrame = Annotated[_MediaFrame | _DtmfFrame | _MarkFrame | _ConnectedFrame
 _FRAMES: dict[str, TypeAdapter[Any]] = {"twilio": TypeAdapter(_TwilioFrame), "telnyx": TypeAdapter(_TelnyxFrame)}
 
 
-# -- the dialects ----------------------------------------------------------------------------------
+# -- the providers ----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Dialect:
+class Provider:
     name: str  # "twilio" | "telnyx": also the `transport` label in /metrics
     stream_key: str  # the stream id's field in frames
     encoding: str  # the media format `start` must announce
@@ -267,5 +267,5 @@ def _strings(values: dict[str, Any]) -> dict[str, str]:
 
 # Twilio names the stream in every frame it takes; Telnyx's frames to it carry none (one stream per
 # socket).
-TWILIO = Dialect("twilio", "streamSid", "audio/x-mulaw", stream_in_replies=True)
-TELNYX = Dialect("telnyx", "stream_id", "PCMU", stream_in_replies=False)
+TWILIO = Provider("twilio", "streamSid", "audio/x-mulaw", stream_in_replies=True)
+TELNYX = Provider("telnyx", "stream_id", "PCMU", stream_in_replies=False)

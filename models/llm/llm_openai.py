@@ -34,6 +34,7 @@ import httpx
 from core.clock import Clock
 from core.errors import ConfigError, EngineError, LLMUnavailableError, VoiceAgentError
 from models.config import LlmConfig
+from models.llm.tool_calls import ToolCall, Tools, new_call_id
 from models.protocols import (
     ChatMessage,
     GenerationDone,
@@ -43,7 +44,6 @@ from models.protocols import (
     TextDelta,
     ToolCallOutput,
 )
-from models.tool_calls import ToolCall, Tools, new_call_id
 
 log = logging.getLogger(__name__)
 

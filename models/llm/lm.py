@@ -1,7 +1,7 @@
 """The seam between the decoding engine and a causal language model runtime.
 
-Two runtimes implement it: llama.cpp over a pack's own GGUF file (models/llama_cpp_lm.py, the
-default on CPU) and PyTorch over a Hugging Face folder (models/torch_lm.py, the exactness reference
+Two runtimes implement it: llama.cpp over a pack's own GGUF file (models/llm/llama_cpp_lm.py, the
+default on CPU) and PyTorch over a Hugging Face folder (models/llm/torch_lm.py, the exactness reference
 and the way to run Hugging Face ids). The plain and speculative decoders, the draft-model proposer
 and the calibration see only this protocol.
 

@@ -16,8 +16,10 @@ import numpy as np
 from core.clock import Clock
 from core.errors import ContextLengthError
 from core.worker import Lane, ModelWorker, Schedule
-from models.generation import Decoder, Detokenizer, GenerationLoop, PlainDecoder, StepResult
-from models.lm import CausalLM, LMState
+from models.llm.generation import Decoder, Detokenizer, GenerationLoop, PlainDecoder, StepResult
+from models.llm.lm import CausalLM, LMState
+from models.llm.tool_calls import ToolCall, Tools
+from models.llm.tool_guide import CANDIDATES, ReplyReader, ToolGuide
 from models.protocols import (
     ChatMessage,
     GenerationDone,
@@ -27,8 +29,6 @@ from models.protocols import (
     TextDelta,
     ToolCallOutput,
 )
-from models.tool_calls import ToolCall, Tools
-from models.tool_guide import CANDIDATES, ReplyReader, ToolGuide
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from core.errors import BackendUnavailableError, EngineError, ModelMissingError
-from models.lm import LMState, Logits, common_prefix
+from models.llm.lm import LMState, Logits, common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +72,14 @@ class TorchLM:
     @classmethod
     def load(cls, path: str, *, dtype: str = "auto", threads: int = 0, quantize: str = "none") -> TorchLM:
         """quantize "int8": int8 linear layers, per-channel weights and per-token activations with an
-        exact int32 product (models/int8.py), so a token's result does not depend on how many tokens
+        exact int32 product (models/llm/int8.py), so a token's result does not depend on how many tokens
         pass together and speculation stays exact; the rest of the model runs in float32."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if threads > 0:
             torch.set_num_threads(threads)
         if quantize == "int8":
-            from models.int8 import ACCURACY_LIMIT, int8_error
+            from models.llm.int8 import ACCURACY_LIMIT, int8_error
 
             if int8_error() >= ACCURACY_LIMIT:
                 raise BackendUnavailableError(
@@ -97,7 +97,7 @@ class TorchLM:
             ) from exc
         model.eval()
         if quantize == "int8":
-            from models.int8 import quantize_linears, use_rowwise_attention
+            from models.llm.int8 import quantize_linears, use_rowwise_attention
 
             quantize_linears(model)
             use_rowwise_attention(model)
@@ -217,7 +217,7 @@ def measure_quantization(path: str, *, dtype: str = "auto", threads: int = 0) ->
     import statistics
 
     from core.clock import MonotonicClock
-    from models.int8 import int8_error, int8_is_accurate
+    from models.llm.int8 import int8_error, int8_is_accurate
 
     if not int8_is_accurate():
         log.info("quantize auto: int8 products lose precision on this CPU (relative error %.2f): using none",

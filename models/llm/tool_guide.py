@@ -1,7 +1,7 @@
 """Steering a reply's tokens so that every tool call is well-formed: the grammar, at token level.
 
 The reply is text until the model writes `<tool_call>`; from there the bytes must follow the call
-automaton (models/tool_calls.py: one offered tool's name, then arguments its JSON Schema allows),
+automaton (models/llm/tool_calls.py: one offered tool's name, then arguments its JSON Schema allows),
 then `</tool_call>`, then either the end of the message or, when parallel calls are allowed, a
 newline and then the next `<tool_call>` or the end (see `_call_or_end`). Where the grammar leaves
 one way on, those tokens are forced: the decoder emits them without asking the model (jump-forward).
@@ -43,10 +43,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.errors import EngineError
-from models.json_nfa import Nfa, State
-from models.lm import CausalLM, Logits
+from models.llm.json_nfa import Nfa, State
+from models.llm.lm import CausalLM, Logits
+from models.llm.tool_calls import CALL_ARGUMENTS, CALL_OPEN, ToolCall, Tools, new_call_id
 from models.protocols import ToolCallDelta
-from models.tool_calls import CALL_ARGUMENTS, CALL_OPEN, ToolCall, Tools, new_call_id
 
 CANDIDATES = 64
 CALL_OPEN_BYTES, CALL_ARGUMENTS_BYTES = CALL_OPEN.encode(), CALL_ARGUMENTS.encode()

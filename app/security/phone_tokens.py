@@ -1,4 +1,4 @@
-"""One-use stream tokens for Telnyx media sockets (the format is in app/transports/telnyx.py)."""
+"""One-use stream tokens for Telnyx media sockets (the format is in app/transports/phone/telnyx.py)."""
 
 from __future__ import annotations
 

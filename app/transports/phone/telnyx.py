@@ -1,4 +1,4 @@
-"""Telnyx media streaming: `GET /telnyx/media` (WebSocket), the same call as Twilio's (app/transports/phone.py)
+"""Telnyx media streaming: `GET /telnyx/media` (WebSocket), the same call as Twilio's (app/transports/phone/wire.py)
 in Telnyx's snake_case frames with PCMU audio (docs/phone.md).
 
 Telnyx signs its webhooks but not the media socket, so each stream carries a token: in the stream
@@ -10,7 +10,7 @@ URL's query (`wss://HOST/telnyx/media?token=...`) or as the stream's streaming a
     v1.<expires, Unix seconds>.<nonce>.<base64url HMAC-SHA256(secret, "v1.<expires>.<nonce>")>
 
 The operator's call-control app asks for one per call (`POST /api/phone/telnyx-stream`, with an API
-key when keys are set, answers the stream URL) or mints it itself (`app.transports.phone_tokens.mint_token`, or
+key when keys are set, answers the stream URL) or mints it itself (`app.security.phone_tokens.mint_token`, or
 the format above in any language). A missing, forged, expired or used token gets 403 before the socket opens.
 The query string never reaches the logs (app/redact.py).
 """
@@ -25,8 +25,8 @@ from pydantic import BaseModel
 
 from app.runtime import Runtime
 from app.settings import Settings
-from app.transports.phone import deny, serve_call
-from app.transports.phone_wire import TELNYX
+from app.transports.phone.messages import TELNYX
+from app.transports.phone.wire import deny, serve_call
 
 log = logging.getLogger(__name__)
 router = APIRouter()

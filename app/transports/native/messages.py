@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from app.call_log import turn_json
 from core.errors import ProtocolError
 from pipeline.audio import SUPPORTED_INPUT_RATES
 from pipeline.events import (
@@ -134,17 +135,7 @@ def event_json(event: OutEvent) -> dict[str, Any]:
     if isinstance(event, ReplyText):
         return {"type": "response.text.delta", "turn_id": event.turn_id, "text": event.text}
     if isinstance(event, ResponseDone):
-        return {
-            "type": "response.done", "turn_id": event.turn_id, "text": event.text, "status": event.status,
-            "latency_ms": event.latency_ms, "voice_to_voice_ms": event.voice_to_voice_ms,
-            **({"endpointing_ms": event.endpointing_ms} if event.endpointing_ms else {}),
-            **({"taken_back": True} if event.taken_back else {}),
-            "deadline_missed": event.deadline_missed, "underruns": event.underruns, "underrun_ms": event.underrun_ms,
-            "preemptive": event.preemptive, "discarded": event.discarded, "discarded_words": event.discarded_words,
-            "llm": event.stats.as_dict() if event.stats else {},
-            **({"tool_calls": list(event.tool_calls)} if event.tool_calls else {}),
-            **({"filler": True} if event.filler else {}),
-        }
+        return {"type": "response.done", **turn_json(event)}
     if isinstance(event, FunctionCallDelta):
         return {"type": "response.function_call_arguments.delta", "turn_id": event.turn_id, "call_id": event.call_id,
                 "name": event.name, "delta": event.delta}

@@ -1,5 +1,5 @@
 """Phone calls over a provider's media WebSocket (Twilio Media Streams, Telnyx media streaming),
-shared by app/transports/twilio.py and app/transports/telnyx.py; docs/phone.md describes the setup.
+shared by app/transports/phone/twilio.py and app/transports/phone/telnyx.py; docs/phone.md describes the setup.
 
 A call runs on the same call runner as the native socket (app/transports/call.py): the same
 admission, Session, VAD, ASR, LLM, TTS and latency marks; this module only translates the frames.
@@ -27,21 +27,21 @@ from typing import Any
 
 from fastapi import WebSocket
 
+from app.call_log import turn_json
 from app.metrics import Metrics
 from app.redact import mask_number
 from app.runtime import Runtime
 from app.settings import PhoneConfig
 from app.transports.call import CLOSE_NORMAL, CLOSE_POLICY, Call, Message, SocketWriter
-from app.transports.native_wire import event_json
-from app.transports.phone_wire import (
+from app.transports.phone.messages import (
     FRAME_SAMPLES,
     SAMPLE_RATE,
     CallStart,
     Connected,
-    Dialect,
     Dtmf,
     Mark,
     Media,
+    Provider,
     ProviderError,
     Stop,
     mark_name,
@@ -59,13 +59,13 @@ class PhoneOutbound:
     """The session's output as the provider's frames: reply audio as `media` with `mark`s, `clear`
     after a barge-in. Events go to the log only: a phone line carries no text."""
 
-    def __init__(self, writer: SocketWriter, dialect: Dialect, phone: PhoneConfig, metrics: Metrics) -> None:
+    def __init__(self, writer: SocketWriter, provider: Provider, phone: PhoneConfig, metrics: Metrics) -> None:
         self.writer = writer
-        self.dialect = dialect
+        self.provider = provider
         self.metrics = metrics
         self.mark_every = max(1, phone.mark_interval_ms * SAMPLE_RATE // 1000)  # in samples
         self.stream_id = ""
-        self.label = dialect.name  # "twilio CA..." once the call has started: every log line names the call
+        self.label = provider.name  # "twilio CA..." once the call has started: every log line names the call
         self.turn_id: int | None = None  # the reply whose audio is being sent
         # the turn's samples sent, by every reply to it (a tool call's filler, then the answer): the
         # marks count per turn, as the native client's played reports do
@@ -83,7 +83,7 @@ class PhoneOutbound:
         mulaw = pcm16_to_mulaw(pcm16)
         for start in range(0, len(mulaw), FRAME_SAMPLES):
             frame = mulaw[start:start + FRAME_SAMPLES]
-            await self.send_frame(self.dialect.media(self.stream_id, frame))
+            await self.send_frame(self.provider.media(self.stream_id, frame))
             self.turn_sent += len(frame)
             if self.turn_sent - self.turn_marked >= self.mark_every:
                 await self._mark()
@@ -91,7 +91,7 @@ class PhoneOutbound:
     async def _mark(self) -> None:
         assert self.turn_id is not None
         self.turn_marked = self.turn_sent
-        await self.send_frame(self.dialect.mark(self.stream_id, mark_name(self.turn_id,
+        await self.send_frame(self.provider.mark(self.stream_id, mark_name(self.turn_id,
                                                                           self.turn_sent * 1000 // SAMPLE_RATE)))
 
     async def send_event(self, event: OutEvent) -> None:
@@ -107,13 +107,13 @@ class PhoneOutbound:
 
     async def _reply_done(self, done: ResponseDone) -> None:
         # The call's record of the turn, as the native socket sends it: what was kept (heard), marks.
-        log.info("%s: response.done %s", self.label, json.dumps(event_json(done)))
+        log.info("%s: response.done %s", self.label, json.dumps({"type": "response.done", **turn_json(done)}))
         if done.turn_id != self.turn_id:
             return  # no audio of it went out
         if done.status == "interrupted":
             # Drop what the provider still holds; the marks it returns for it come after the
             # session finished the turn (it sent this event then), so they count for nothing.
-            await self.send_frame(self.dialect.clear(self.stream_id))
+            await self.send_frame(self.provider.clear(self.stream_id))
             log.info("%s: turn %d interrupted: clear after %d ms of its audio", self.label, done.turn_id,
                      self.turn_sent * 1000 // SAMPLE_RATE)
         elif self.turn_sent > self.turn_marked:
@@ -125,11 +125,11 @@ class PhoneWire:
     """A provider's frames to the call: `start` admits it, `media` is the caller's audio, `mark`
     echoes are playback reports, `dtmf` keys go to the session, `stop` ends the call."""
 
-    def __init__(self, call: Call, dialect: Dialect) -> None:
+    def __init__(self, call: Call, provider: Provider) -> None:
         self.call = call
-        self.dialect = dialect
+        self.provider = provider
         self.phone = call.runtime.settings.phone
-        self.outbound = PhoneOutbound(call.writer, dialect, self.phone, call.runtime.metrics)
+        self.outbound = PhoneOutbound(call.writer, provider, self.phone, call.runtime.metrics)
 
     @property
     def label(self) -> str:
@@ -152,7 +152,7 @@ class PhoneWire:
         call = self.call
         if message.get("bytes") is not None:
             await call.bad_message("binary_frame", f"a binary frame of {len(message['bytes'])} bytes; "
-                                   f"{self.dialect.name} sends JSON text frames only")
+                                   f"{self.provider.name} sends JSON text frames only")
             return True
         text = message.get("text")
         if text is None:
@@ -162,7 +162,7 @@ class PhoneWire:
                                    f"{self.phone.max_frame_bytes} (phone.max_frame_bytes)")
             return True
         try:
-            frame = self.dialect.parse(text, self.phone.max_media_payload_bytes)
+            frame = self.provider.parse(text, self.phone.max_media_payload_bytes)
         except ProtocolError as exc:
             await call.bad_message(exc.code, str(exc))
             return True
@@ -185,7 +185,7 @@ class PhoneWire:
             return False
         elif isinstance(frame, ProviderError):
             call.runtime.metrics.error("provider_error")
-            log.warning("%s: %s reports an error: %s", self.label, self.dialect.name, frame.detail)
+            log.warning("%s: %s reports an error: %s", self.label, self.provider.name, frame.detail)
         elif isinstance(frame, Connected):
             log.debug("%s: connected", self.label)
         return True
@@ -193,13 +193,13 @@ class PhoneWire:
     async def start_call(self, start: CallStart) -> None:
         """The provider's `start`: the call is admitted here, not when the socket opened, so a socket
         that never starts holds no call slot. A Twilio stream must hand back the one-use nonce of the
-        TwiML that opened it (app/transports/twilio.py): a captured stream replayed later is refused."""
+        TwiML that opened it (app/transports/phone/twilio.py): a captured stream replayed later is refused."""
         call, runtime = self.call, self.call.runtime
         if call.session is not None or call.call_log is not None:
             await call.bad_message("already_started", "a second start event on this stream")
             return
         self.outbound.stream_id = start.stream_id
-        self.outbound.label = f"{self.dialect.name} {start.call_id}"
+        self.outbound.label = f"{self.provider.name} {start.call_id}"
         if not await self._nonce_ok(start):
             await call.tell("bad_nonce", "the stream did not come from this server's TwiML (its nonce is missing, "
                             "used or expired)")
@@ -220,7 +220,7 @@ class PhoneWire:
 
     async def _nonce_ok(self, start: CallStart) -> bool:
         runtime = self.call.runtime
-        if self.dialect.name != "twilio" or not runtime.settings.twilio.check_signatures:
+        if self.provider.name != "twilio" or not runtime.settings.twilio.check_signatures:
             return True
         nonce = start.parameters.get(NONCE_PARAMETER, "")
         owner = await runtime.stream_nonces.take(nonce) if nonce else None
@@ -243,9 +243,9 @@ class PhoneWire:
             self.call.session.on_played(*played)
 
 
-def phone_call(websocket: WebSocket, runtime: Runtime, dialect: Dialect) -> Call:
+def phone_call(websocket: WebSocket, runtime: Runtime, provider: Provider) -> Call:
     """A call on a provider's media stream (not yet admitted: it takes its slot at `start`)."""
-    return Call(websocket, runtime, dialect.name, lambda call: PhoneWire(call, dialect))
+    return Call(websocket, runtime, provider.name, lambda call: PhoneWire(call, provider))
 
 
 async def deny(websocket: WebSocket) -> None:
@@ -255,7 +255,7 @@ async def deny(websocket: WebSocket) -> None:
     await websocket.close(1008)
 
 
-async def serve_call(websocket: WebSocket, dialect: Dialect) -> None:
+async def serve_call(websocket: WebSocket, provider: Provider) -> None:
     """Run one call on an authenticated provider socket. The call takes its slot at `start`
     (PhoneWire.start_call); a socket that sends none within server.start_timeout_s is closed."""
-    await phone_call(websocket, websocket.app.state.runtime, dialect).serve(take_slot=False)
+    await phone_call(websocket, websocket.app.state.runtime, provider).serve(take_slot=False)

@@ -2,7 +2,7 @@
 (docs/phone.md). Both check X-Twilio-Signature with the official `twilio` package.
 
     POST /twilio/voice   (the number's "A call comes in" webhook) -> <Connect><Stream url="wss://.../twilio/media">
-    GET  /twilio/media   (WebSocket) -> app/transports/phone.py
+    GET  /twilio/media   (WebSocket) -> app/transports/phone/wire.py
 
 Signatures cover the URL Twilio called, which a proxy or a tunnel hides from the request, so it
 comes from `twilio.public_url`: the webhook's is public_url + path (+ query), over the sorted POST
@@ -23,8 +23,8 @@ from twilio.twiml.voice_response import Connect, VoiceResponse
 from app.redact import mask_number
 from app.runtime import Runtime
 from app.settings import Settings, TwilioConfig
-from app.transports.phone import NONCE_PARAMETER, deny, serve_call
-from app.transports.phone_wire import TWILIO
+from app.transports.phone.messages import TWILIO
+from app.transports.phone.wire import NONCE_PARAMETER, deny, serve_call
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import BackendUnavailableError, EngineError, ModelMissingError
-from models.lm import LMState, Logits, common_prefix
+from models.llm.lm import LMState, Logits, common_prefix
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama.cpp")

@@ -17,7 +17,7 @@ from fastapi import APIRouter, WebSocket
 from app.metrics import Metrics
 from app.runtime import Runtime
 from app.transports.call import CLOSE_NORMAL, Call, Message, SocketWriter
-from app.transports.native_wire import (
+from app.transports.native.messages import (
     FunctionCallOutput,
     OutputAudioPlayed,
     SessionEnd,

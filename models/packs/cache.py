@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from core.errors import ModelMissingError
-from models.packs import PACKS, Pack, pack_named
+from models.packs.catalog import PACKS, Pack, pack_named
 
 MANIFEST = "pack.json"
 
@@ -63,7 +63,7 @@ def resolve_torch(ref: str, root: Path | None = None, say: Callable[[str], None]
         return path
     out = converted_dir(pack, root)
     if not (out / "config.json").is_file():
-        from models.convert import convert_pack
+        from models.packs.convert import convert_pack
 
         convert_pack(pack_dir(pack, root) / "model.gguf", out, say=say)
     return str(out)

@@ -1,0 +1,55 @@
+"""Admission: whether a new call, or a new /v1 generation, may start on this replica now. One place
+for every transport (the native socket, the phone media streams, /v1/realtime), for /v1 and for the
+health probes, so that they refuse alike and say the same thing.
+
+Per-client limits (calls in progress from one key or address, connections per minute, failed keys)
+are the guard's, in front of every route (app/security/guard.py); these are the replica's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.runtime import Runtime
+
+CLOSE_TRY_LATER = 1013  # the WebSocket close code of a refused call
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a call or a request may not start: an error code, what to tell the caller, and how to say
+    it on a WebSocket (its close code) and over HTTP (its status)."""
+
+    code: str
+    message: str
+    close_code: int = CLOSE_TRY_LATER
+    http_status: int = 503
+
+
+def call_refusal(runtime: Runtime, *, needs_slot: bool = True) -> Refusal | None:
+    """The admission checks of a call: a draining server, models not loaded, every call slot taken
+    (server.max_sessions). `needs_slot`: the call takes a slot now (a phone call takes it at its
+    provider's `start`, so a socket that never starts holds none)."""
+    if runtime.draining.is_set():
+        return Refusal("shutting_down", "the server is shutting down; call again")
+    if not runtime.ready.is_set():
+        return Refusal("not_ready", f"models are not loaded yet ({runtime.load_error or runtime.status})")
+    limit = runtime.settings.server.max_sessions
+    if needs_slot and len(runtime.sessions) >= limit:
+        return Refusal("server_busy", f"all {limit} call slots are taken; try again later")
+    return None
+
+
+def request_refusal(runtime: Runtime) -> Refusal | None:
+    """The admission checks of a /v1 generation: models not loaded, a draining server, every
+    generation slot taken (server.max_api_requests; 429, to be retried)."""
+    if not runtime.ready.is_set() or runtime.backends is None:
+        return Refusal("not_ready", f"models are not loaded yet ({runtime.status})")
+    if runtime.draining.is_set():
+        return Refusal("shutting_down", "the server is shutting down; try another replica or again shortly")
+    limit = runtime.settings.server.max_api_requests
+    if runtime.api_requests >= limit:
+        return Refusal("too_many_requests",
+                       f"{limit} generations are in progress (server.max_api_requests); try again shortly",
+                       http_status=429)
+    return None
