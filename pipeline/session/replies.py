@@ -306,9 +306,9 @@ class Replies:
         log.info("turn %d %s: %s%s%s", done.turn_id, status, done.latency_ms,
                  " (first audio late)" if done.deadline_missed else "",
                  f" ({done.underruns} underruns, {done.underrun_ms:.0f} ms)" if done.underruns else "")
-        self.events.reply_done(reply, status)  # (before it is reported: a client that sees it sees what follows)
         if send:
             await self.outbound.send_event(done)
+        self.events.reply_done(reply, status)  # after it was reported: a hang-up never comes before it
         # One record per turn: the reply that answers it (with every call the turn made); a reply
         # that made calls is recorded only if no answer follows (_after_tools), a filler never.
         if reply.runs:

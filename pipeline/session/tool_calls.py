@@ -54,7 +54,10 @@ class ToolCalls:
         task.add_done_callback(self._tasks.discard)
 
     def close(self) -> None:
-        """The caller has gone: calls in flight and the client calls awaited stop."""
+        """The caller has gone: calls in flight and the client calls awaited stop, and nothing
+        hangs up any more."""
+        if self._goodbye is not None:
+            self._goodbye.hung_up = True
         for task in self._tasks:
             task.cancel()
         for future in self._asked.values():

@@ -295,7 +295,7 @@ async def test_end_call_hangs_up_once_the_goodbye_is_reported_played() -> None:
     await turn(session, out, 2)
     goodbye = done_events(out)[1]
     assert goodbye.text == "Goodbye, and have a nice day!"
-    assert hung == []  # not before it was heard (the hang-up waits for it before response.done goes out)
+    assert hung == []  # not before it was heard (the goodbye is awaited once its response.done is out)
     played_ms = sum(len(a) for a in out.audio) / 2 / 8000 * 1000
     session.on_played(goodbye.turn_id, played_ms / 2)  # type: ignore[attr-defined]
     assert hung == []  # half of it heard is not enough
