@@ -45,7 +45,7 @@ class CallLog:
             turn_id=done.turn_id, at=self.timeline.wall(at), offset_s=self.timeline.offset_s(at), status=done.status,
             user_text=done.user_text, generated_text=done.generated_text, sent_text=done.sent_text,
             heard_text=done.text, latency_ms=dict(done.latency_ms), voice_to_voice_ms=done.voice_to_voice_ms,
-            spec=spec_from_stats(done.stats), error=done.error, barge_in=done.status == "interrupted",
+            spec=spec_from_stats(done.stats, done.llm_steps), error=done.error, barge_in=done.status == "interrupted",
             dtmf=done.dtmf, deadline_missed=done.deadline_missed, underruns=done.underruns,
             tool_calls=[dict(call) for call in done.tool_calls],
         )
@@ -79,4 +79,5 @@ def turn_json(done: ResponseDone) -> dict[str, Any]:
         "llm": done.stats.as_dict() if done.stats else {},
         **({"tool_calls": list(done.tool_calls)} if done.tool_calls else {}),
         **({"filler": True} if done.filler else {}),
+        **({"llm_steps": list(done.llm_steps)} if len(done.llm_steps) > 1 else {}),
     }

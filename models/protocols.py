@@ -199,9 +199,11 @@ class Conversation(Protocol):
     """One caller's conversation with a language model: backends may keep state between turns
     (the embedded one keeps its KV cache so a turn computes only its new tokens)."""
 
-    async def prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> None:
+    async def prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None,
+                      open_last: bool = False) -> None:
         """Optional head start: compute what can be computed before the caller has finished (with
-        the tools the next reply is offered: they are part of the prompt)."""
+        the tools the next reply is offered: they are part of the prompt). `open_last`: only up to
+        where the last message's content begins (a tool's result, while the tool runs)."""
         ...
 
     def stream(self, messages: Sequence[ChatMessage], params: SamplingParams,

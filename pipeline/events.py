@@ -210,6 +210,7 @@ class ResponseDone:
     filler: bool = False  # the spoken filler while a slow tool ran, not an answer
     endpointing_ms: dict[str, float] = field(default_factory=dict)  # the end-of-turn decision's own marks
     taken_back: bool = False  # the caller went on at its start: not in the history, their words join the next turn
+    llm_steps: tuple[dict[str, Any], ...] = ()  # every LLM reply to the turn so far (Turn.llm_steps)
 
 
 @dataclass(frozen=True)

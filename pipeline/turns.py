@@ -21,6 +21,9 @@ class Turn:
     dtmf: str | None = None  # the keys pressed, when the turn is a keypad turn
     tool_runs: list[Any] = field(default_factory=list)  # every tool call of the turn (pipeline.tools.ToolRun)
     held_record: Any = None  # a tool-calls reply's ResponseDone, recorded only if no follow-up comes
+    # each LLM reply to the turn, in order (the calls' reply, then the follow-up): what its prompt
+    # cost (prefill_tokens were computed; the rest came from the cache) and its first token
+    llm_steps: list[dict[str, Any]] = field(default_factory=list)
     sent_samples: int = 0  # reply audio sent for this turn so far, by every reply to it (a filler, an answer)
     played_samples: int = 0  # the client's latest report of this turn's audio played (it counts per turn)
     # the end-of-turn decision at the turn's last pause: when the pause was heard, the transcript made

@@ -11,6 +11,7 @@ Glossary of a turn's figures:
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,8 @@ from models.protocols import GenerationStats
 TURN_STATUSES = ("completed", "interrupted", "failed")
 CALL_STATUSES = ("completed", "interrupted", "failed")
 SPEC_FIELDS = ("method", "drafts", "draft_tokens", "accepted_tokens", "accepted_per_position", "k_chosen",
-               "tokens_per_second", "acceptance_rate", "completion_tokens", "time_to_first_token_ms")
+               "tokens_per_second", "acceptance_rate", "completion_tokens", "time_to_first_token_ms",
+               "prompt_tokens", "prefill_tokens", "steps")
 
 
 def utc_now() -> dt.datetime:
@@ -108,8 +110,10 @@ class TurnRecord:
         return self.latency_ms.get("first_audio_sent")
 
 
-def spec_from_stats(stats: GenerationStats | None) -> dict[str, Any] | None:
-    """A turn's `spec` column from the LLM's statistics of its reply."""
+def spec_from_stats(stats: GenerationStats | None, steps: Sequence[dict[str, Any]] = ()) -> dict[str, Any] | None:
+    """A turn's `spec` column from the LLM's statistics of its reply; `steps`: every LLM reply to
+    the turn (a tool call's, then the follow-up's), each with its prompt's cost (a follow-up that
+    prefills most of its prompt has lost its cache)."""
     if stats is None:
         return None
     return {
@@ -123,4 +127,7 @@ def spec_from_stats(stats: GenerationStats | None) -> dict[str, Any] | None:
         "acceptance_rate": round(stats.acceptance_rate, 4) if stats.draft_tokens else None,
         "completion_tokens": stats.completion_tokens,
         "time_to_first_token_ms": round(stats.time_to_first_token_ms, 1),
+        "prompt_tokens": stats.prompt_tokens,
+        "prefill_tokens": stats.prefill_tokens,
+        "steps": [dict(step) for step in steps],
     }

@@ -17,7 +17,7 @@ from core.clock import Clock
 from core.errors import ContextLengthError
 from core.worker import Lane, ModelWorker, Schedule
 from models.llm.generation import Decoder, Detokenizer, GenerationLoop, PlainDecoder, StepResult
-from models.llm.lm import CausalLM, LMState
+from models.llm.lm import CausalLM, LMState, common_prefix
 from models.llm.tool_calls import ToolCall, Tools
 from models.llm.tool_guide import CANDIDATES, ReplyReader, ToolGuide
 from models.protocols import (
@@ -142,17 +142,21 @@ class EmbeddedLLM:
 
 
 def _for_template(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """The messages as the chat template reads them, each tool result said with the call it
-    answers: "order_status({"order_number": "4512"}) returned {...}. Answer from this result." The
-    bare result in Qwen's <tool_response> block is not enough for the small models: asked to follow
-    up, Qwen2.5-Coder 1.5B said "I cannot check that here" and the 0.5B repeated its call."""
+    """The messages as the chat template reads them, each tool result said with the tool that gave
+    it: "order_status returned:\n{...}\nAnswer the caller from this result." The bare result in Qwen's
+    <tool_response> block is not enough for the small models: asked to follow up, Qwen2.5-Coder 1.5B
+    said "I cannot check that here" and the 0.5B repeated its call; with the instruction before the
+    result only, the 1.5B called order_status again for 3 of 3 order requests (tune half). The call's
+    arguments are not repeated (they are in the call just above): all of it up to the result is
+    prefilled while the tool runs (`prepare(..., open_last=True)`), so that only the result's own
+    tokens and a dozen closing ones are left for the follow-up."""
     calls = {c.call_id: c for m in messages for c in m.tool_calls}
     out = []
     for m in messages:
         message = m.as_template()
         call = calls.get(m.tool_call_id or "")
         if m.role == "tool" and call is not None:
-            message["content"] = f"{call.name}({call.arguments}) returned {m.content}. Answer from this result."
+            message["content"] = f"{call.name} returned:\n{m.content}\nAnswer the caller from this result."
         out.append(message)
     return out
 
@@ -185,20 +189,36 @@ class EmbeddedConversation:
         offered = [t.as_openai() for t in tools.tools] if tools else []
         return self.llm.lm.chat_tokens(_for_template(messages), add_generation_prompt, offered)
 
-    def _prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> None:
-        prompt = self._prompt(messages, add_generation_prompt=False, tools=tools)
+    def _prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None, open_last: bool = False) -> None:
+        if self.generating:  # a reply began meanwhile: its cache is not this prompt's to change
+            return
+        if open_last and messages:
+            prompt = self._open_head(messages, tools)
+        else:
+            prompt = self._prompt(messages, add_generation_prompt=False, tools=tools)
         if prompt:
             if [m.role for m in messages] == ["system"]:
                 self.llm.lm.remember_prefix(prompt)
             self.llm.lm.prefill(self._state(), prompt)
 
-    async def prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> None:
+    def _open_head(self, messages: Sequence[ChatMessage], tools: Tools | None) -> list[int]:
+        """The prompt's tokens up to where the last message's content begins: the tokens two
+        renderings with different contents share, less the last one (which could merge with the
+        content's first bytes)."""
+        last = messages[-1]
+        one, two = ([*messages[:-1], replace(last, content=content)] for content in ("0", "1"))
+        first = self._prompt(one, False, tools)
+        return first[: max(0, common_prefix(first, self._prompt(two, False, tools)) - 1)]
+
+    async def prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None,
+                      open_last: bool = False) -> None:
         """Prefill the conversation so far (e.g. the system prompt at session start: a copy of the
-        process's cache of it when it is the one computed before)."""
+        process's cache of it when it is the one computed before). `open_last`: only up to where
+        the last message's content begins (a tool's result, prefilled while the tool runs)."""
         # No deadline of its own: it runs after every job that has one, unless a reply begins
         # while it waits (then it is due when the reply is).
         self.lane.more, self.lane.fallback = False, None
-        await self.llm.worker.run_by(self.lane, self._prepare, messages, tools)
+        await self.llm.worker.run_by(self.lane, self._prepare, messages, tools, open_last)
 
     async def stream(self, messages: Sequence[ChatMessage], params: SamplingParams,
                      tools: Tools | None = None) -> AsyncGenerator[LLMOutput, None]:

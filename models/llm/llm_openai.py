@@ -183,7 +183,8 @@ class OpenAIConversation:
         self.llm = llm
         self.deadline: float | None = None
 
-    async def prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> None:
+    async def prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None,
+                      open_last: bool = False) -> None:
         """Nothing to do ahead of time: the server's prefix cache keeps the prompt's KV."""
 
     async def end_of_turn(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> float | None:

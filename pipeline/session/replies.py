@@ -103,17 +103,19 @@ class Replies:
     def tools(self, step: int) -> Tools | None:
         return self.toolbox.tools(step) if self.toolbox is not None else None
 
-    def prepare(self, messages: tuple[ChatMessage, ...]) -> None:
+    def prepare(self, messages: tuple[ChatMessage, ...], step: int = 1, open_last: bool = False) -> None:
         """Give the LLM a head start: prefill the conversation so far (and the caller's words while
-        they speak), so that at the final transcript only what changed is computed. Only between
-        replies: a reply's generation owns the conversation's cache while it runs."""
+        they speak), so that at the final transcript only what changed is computed; with
+        `open_last`, up to where the last message's content begins (a tool's result, while the tool
+        runs), for the reply at `step`. Only between replies: a reply's generation owns the
+        conversation's cache while it runs (the engine skips a head start that finds one going)."""
         if self._preparing is not None and not self._preparing.done():
             self._preparing.cancel()
-        self._preparing = asyncio.create_task(self._prepare_quietly(messages))
+        self._preparing = asyncio.create_task(self._prepare_quietly(messages, step, open_last))
 
-    async def _prepare_quietly(self, messages: tuple[ChatMessage, ...]) -> None:
+    async def _prepare_quietly(self, messages: tuple[ChatMessage, ...], step: int, open_last: bool) -> None:
         try:
-            await self.conversation.prepare(messages, self.tools(1))
+            await self.conversation.prepare(messages, self.tools(step), open_last=open_last)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a head start that fails costs nothing but the head start
@@ -291,6 +293,10 @@ class Replies:
                 self.history.keep_finished(reply.turn.turn_id, reply, message)
         if not reply.runs:
             self.book.close(reply.turn.turn_id)
+        if reply.stats is not None and reply.fixed_text is None:
+            reply.turn.llm_steps.append({"step": reply.step, "prompt_tokens": reply.stats.prompt_tokens,
+                                         "prefill_tokens": reply.stats.prefill_tokens,
+                                         "time_to_first_token_ms": round(reply.stats.time_to_first_token_ms, 1)})
         done = ResponseDone(
             reply.turn.turn_id, text, status, reply.turn.latency_ms(), reply.turn.voice_to_voice_ms(), reply.stats,
             reply.deadline_missed, reply.underruns, round(reply.underrun_s * 1000, 1),
@@ -300,7 +306,7 @@ class Replies:
             endpointing_ms=reply.turn.endpointing_ms(), taken_back=reply.taken_back,
             tool_calls=tuple(r.as_dict(reply.turn.marks.get("speech_end"))
                              for r in (reply.runs if reply.runs else reply.turn.tool_runs if reply.step > 1 else [])),
-            filler=reply.fixed_text is not None,
+            filler=reply.fixed_text is not None, llm_steps=tuple(reply.turn.llm_steps),
         )
         self.discarded = self.discarded_words = 0
         log.info("turn %d %s: %s%s%s", done.turn_id, status, done.latency_ms,

@@ -82,6 +82,12 @@ class Session:
         default = config.session.tools_prompt if has_tools else config.session.system_prompt
         # the engine is chosen at the start: tools declared later (session.update) are served by it too
         self.conversation: Conversation = backends.llm_for(has_tools).conversation()
+        # The words' end-of-turn probability comes from the model the decision was tuned on (the
+        # default LLM, with the default system prompt), whichever model answers: in a call served by
+        # llm.tools_model it has a conversation of its own, asked the call's words without the tools.
+        self.weigher: Conversation | None = None
+        if backends.llm_for(has_tools) is not backends.llm and backends.llm.weighs_words:
+            self.weigher = backends.llm.conversation()
         self.book = TurnBook()
         self.kept = History(system_prompt or default, config.session)
         self.barge = BargeIn(config, clock, lambda: self._interrupt("sustained speech"))
@@ -173,6 +179,8 @@ class Session:
             self.tool_calls.close()
         await self.replies.cancel("interrupted", send=False, keep=True)
         await self.conversation.aclose()
+        if self.weigher is not None:
+            await self.weigher.aclose()
 
     async def _on_input(self, event: InputEvent) -> None:
         if isinstance(event, SpeechStarted):
@@ -282,6 +290,19 @@ class Session:
         else:  # another reply began meanwhile (a client's response.create): this turn waits for it too
             await self._answer_after(current, turn, text)
 
+    async def _end_of_turn(self, words: str) -> float | None:
+        """The LLM's probability that the caller's sentence ends after `words`: asked of the call's
+        own conversation (whose cache the reply then starts from), or, in a call served by another
+        model than the one the decision was tuned on, of that one, with the default system prompt
+        and the dialogue's words only (no tools, calls or results)."""
+        if self.weigher is None:
+            asked = (*self.kept.prompt(), ChatMessage("user", words))
+            return await self.conversation.end_of_turn(asked, self.replies.tools(1))
+        said = [ChatMessage(m.role, m.content) for m in self.kept.prompt()[1:]
+                if m.role in ("user", "assistant") and m.content]
+        asked = (ChatMessage("system", self.config.session.system_prompt), *said, ChatMessage("user", words))
+        return await self.weigher.end_of_turn(asked, None)
+
     async def _weigh_words(self, turn_id: int, words: str, early: TranscriptEarly) -> None:
         """The caller paused, and their words so far are transcribed: the language model's
         probability that their sentence ends there goes to the end-of-turn judge, unless the
@@ -293,8 +314,7 @@ class Session:
             log.info("turn %d: the transcript at the pause is no evidence of the turn's end: %s", turn_id, untrusted)
         elif judge is not None and judge.expects_words:
             try:
-                asked = (*self.kept.prompt(), ChatMessage("user", bare_words(words)))
-                probability = await self.conversation.end_of_turn(asked, self.replies.tools(1))
+                probability = await self._end_of_turn(bare_words(words))
             except Exception as exc:  # the words are evidence; without them the sound decides
                 log.warning("turn %d: the LLM's end-of-turn probability failed: %s", turn_id, exc)
             if probability is not None:

@@ -100,6 +100,12 @@ class ToolCalls:
         cfg, turn, replies = self.toolbox.config, reply.turn, self.replies
         await reply.produced.wait()
         runs = list(reply.run_tasks)
+        if not all(t.done() for t in runs) and replies.current in (None, reply):
+            # While the tools run: prefill the follow-up up to where the first result goes, so that
+            # the follow-up computes only the results' tokens (and the few closing ones).
+            said = ChatMessage("assistant", reply.ledger.full_text(), tuple(r.call for r in reply.runs))
+            ahead = (*reply.prompt, said, ChatMessage("tool", "", tool_call_id=reply.runs[0].call.call_id))
+            replies.prepare(ahead, step=reply.step + 1, open_last=True)
         _, slow = await asyncio.wait(runs, timeout=cfg.filler_after_ms / 1000)
         filler: Reply | None = None
         if slow and cfg.filler and "filler" not in turn.marks and self.book.answering == turn.turn_id:

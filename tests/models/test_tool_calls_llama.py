@@ -10,6 +10,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -165,9 +166,11 @@ def test_greedy_ngram_speculation_under_the_grammar_writes_what_plain_decoding_w
     record_property("partings (request, token, allowed logit gap)", gaps)
 
 
-def test_the_follow_up_answers_from_the_tools_result() -> None:
+def test_the_follow_up_answers_from_the_tools_result_and_computes_little_more_than_the_result() -> None:
     """On Qwen2.5-Coder-1.5B-Instruct (Q4_K_M): after the call and its result, the reply says what
-    the result says (each result is rendered with the call it answers, see llm_embedded)."""
+    the result says (each result is said with the tool that gave it, see llm_embedded); and with
+    the prompt prefilled up to the result while the tool ran (prepare(open_last=True)), the
+    follow-up computes only the result's tokens and the template's few closing ones."""
     pack = "qwen2.5-coder-1.5b-instruct-q4_k_m"
     model = LlamaCppLM(resolve_gguf(pack), threads=2, context_tokens=2048, sequences=2, name=pack)
     llm = EmbeddedLLM(model, MonotonicClock())
@@ -178,20 +181,27 @@ def test_the_follow_up_answers_from_the_tools_result() -> None:
                ChatMessage("assistant", "", (call,)),
                ChatMessage("tool", json.dumps({"status": "shipped", "shipped_on": "Monday"}), tool_call_id="call_1")]
 
-    async def follow_up() -> tuple[str, list[ToolCall]]:
+    async def follow_up() -> tuple[str, list[ToolCall], int]:
         conversation = llm.conversation()
-        text, calls = "", []
+        await conversation.prepare([*history[:-1], replace(history[-1], content="")], tools, open_last=True)
+        text, calls, computed = "", [], -1
         async for out in conversation.stream(history, SamplingParams(temperature=0, max_tokens=40), tools):
             if isinstance(out, ToolCallOutput):
                 calls.append(out.call)
             elif isinstance(out, TextDelta):
                 text += out.text
+            elif isinstance(out, GenerationDone):
+                computed = out.stats.prefill_tokens
         await conversation.aclose()
-        return text, calls
+        return text, calls, computed
 
     try:
-        text, calls = asyncio.run(follow_up())
+        text, calls, computed = asyncio.run(follow_up())
+        result = len(model.encode(history[-1].content))
     finally:
         asyncio.run(llm.aclose())
         model.close()
     assert calls == [] and "monday" in text.lower(), text
+    # "\nAnswer the caller from this result.\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    # and the one token left open: about 18
+    assert result <= computed <= result + 20, (computed, result)

@@ -121,8 +121,9 @@ class FakeConversation:
         self.llm = llm
         self.deadline: float | None = None
 
-    async def prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> None:
-        return None
+    async def prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None,
+                      open_last: bool = False) -> None:
+        self.llm.prepared.append((list(messages), open_last))
 
     async def end_of_turn(self, messages: Sequence[ChatMessage], tools: Tools | None = None) -> float | None:
         """The fake LLM's `end_of_turn` answer for the words (a function of them), or None."""
@@ -178,6 +179,7 @@ class FakeLLM:
         self.replies: list[str | list[str | ToolCall]] = list(replies)
         self.requests: list[list[ChatMessage]] = []
         self.tools_seen: list[Tools | None] = []  # what each reply was offered
+        self.prepared: list[tuple[list[ChatMessage], bool]] = []  # every head start: messages, open_last
         self.stream_arguments = False  # a call's arguments also in pieces before the call (ToolCallDelta)
         self.token_delay = token_delay
         self.caps: list[int | None] = []

@@ -19,7 +19,7 @@ from pipeline.events import FunctionCallDelta, FunctionCallRequest, ResponseDone
 from pipeline.session import Session
 from pipeline.tools import HttpTool, ToolBox
 from tests.pipeline.fakes import DistantClock, FakeLLM, RecordingOutbound
-from tests.pipeline.test_session import done_events, make_session, remade, speak
+from tests.pipeline.test_session import done_events, judged_session, make_session, pause_with_words, remade, speak
 
 LOOKUP = {"type": "function", "name": "order_status", "description": "Look up an order.",
           "parameters": {"type": "object", "properties": {"order_number": {"type": "string"}},
@@ -89,6 +89,30 @@ async def test_a_call_is_run_by_the_client_and_its_result_answered_in_one_follow
     assert llm.tools_seen[0] is not None and llm.tools_seen[0].callable  # offered on the first step
     assert [m.role for m in llm.requests[1]][-2:] == ["assistant", "tool"]
     assert "answer_first_audio_sent" in second.latency_ms and "tool_dispatched" in second.latency_ms
+    client.cancel()
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_while_the_tool_runs_the_follow_up_is_prefilled_up_to_where_the_result_goes() -> None:
+    llm = FakeLLM([["Let me look.", call()], "It shipped on Monday."])
+    session, out = make_session(llm, ["Where is my order 4512?"])
+    session = with_client_tools(session)
+    task = asyncio.create_task(session.run())
+    ahead = asyncio.Event()  # the client answers only once the head start was asked for
+    client = asyncio.create_task(answer_calls(session, out, '{"status": "shipped"}', after=ahead))
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    await until(lambda: any(open_last for _, open_last in llm.prepared))
+    ahead.set()
+    await out.wait(lambda: len(done_events(out)) >= 2, timeout=10)
+    messages = next(m for m, open_last in llm.prepared if open_last)
+    assert messages[:-2] == llm.requests[0]  # the calls' own prompt, then their message, then the result's head
+    assert messages[-2].role == "assistant" and messages[-2].content == "Let me look."
+    assert messages[-2].tool_calls == (call(),)
+    assert messages[-1].role == "tool" and messages[-1].tool_call_id == "call_1"
+    answer = done_events(out)[1]
+    assert [step["step"] for step in answer.llm_steps] == [1, 2]  # each step's prompt cost, in the record
     client.cancel()
     await session.audio_in.put(None)
     await task
@@ -364,3 +388,25 @@ async def test_a_call_repeated_in_the_same_turn_is_not_run_again_and_words_must_
     client.cancel()
     await session.audio_in.put(None)
     await task
+
+
+async def test_in_a_call_served_by_the_tools_model_the_words_are_weighed_by_the_model_the_rule_was_tuned_on() -> None:
+    """The end-of-turn rule was tuned on the default LLM's probabilities: a call with tools (served by
+    llm.tools_model) asks that one, with the default system prompt, not the model that answers."""
+    plain, tooled = FakeLLM(["unused"]), FakeLLM(["Booked."])
+    plain.end_of_turn = lambda words: 0.99  # sure: the turn ends on the words
+    tooled.end_of_turn = lambda words: 1e-6  # asked, it would make the call wait its whole patience
+    session, out = judged_session(plain, ["Book a table for two."])
+    box = ToolBox(ToolsConfig(), session.clock, [], None)
+    box.declare([LOOKUP])
+    session = remade(session, backends=replace(session.backends, tools_llm=tooled), toolbox=box)
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    stop = await pause_with_words(session, out)
+    assert plain.asked_end_of_turn == ["Book a table for two"] and tooled.asked_end_of_turn == []
+    assert stop.turn_probability is not None and stop.turn_probability > 0.9
+    await out.wait(lambda: done_events(out))
+    assert done_events(out)[0].text == "Booked."  # answered by the tools model
+    await session.audio_in.put(None)
+    await task
+    assert plain.closed == 1  # the weighing conversation was closed with the call
