@@ -48,6 +48,7 @@ from models.config import LlmConfig
 from tests.e2e.conftest import start_server, stop_server
 
 PACKS = ["qwen2.5-coder-0.5b-instruct-q4_k_m", "qwen2.5-coder-1.5b-instruct-q4_k_m"]
+DEFAULTS = "defaults"  # as --packs: the configured llm.model and llm.tools_model, as a deployment runs them
 VOICES = ["hibari-heart", "piper-joe"]  # the tuned voice and one never tuned on
 # the caller says it cannot check or do it: "I can't check the weather here", "I'm unable to ..."
 DECLINE = re.compile(r"\b(can ?not|can'?t|cannot|unable|not able|don'?t have|do not have|no (?:way|access)|"
@@ -118,6 +119,7 @@ async def one_request(url: str, item: Spoken, samples: np.ndarray, tool_ms: int,
         trailing.cancel()
     calls = [(r.at, r.event) for r in client.received if r.event and r.event["type"] == "response.function_call"]
     answer_audio = next((r.at for r in client.received if r.audio and returned and r.at > returned[-1]), None)
+    first_audio = next((r.at for r in client.received if r.audio), None)
     replies = [e["text"] for e in client.events("response.done") if not e.get("filler")]
     heard = client.events("transcript.final")
     await client.close()
@@ -131,7 +133,10 @@ async def one_request(url: str, item: Spoken, samples: np.ndarray, tool_ms: int,
         "status": done["status"],
         "answer_first_audio_ms": round((answer_audio - true_end) * 1000) if answer_audio else None,
         "result_to_answer_audio_ms": round((answer_audio - returned[-1]) * 1000) if answer_audio else None,
+        "first_audio_ms": round((first_audio - true_end) * 1000) if first_audio else None,
         "server_marks": done.get("latency_ms"),
+        # each LLM step's prompt cost and first token (the follow-up's: from the results to its first token)
+        "llm_steps": done.get("llm_steps") or [],
     }
 
 
@@ -165,6 +170,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     dispatch = [r["calls"][0]["after_speech_ms"] for r in tool if r["calls"]]
     answer = [r["answer_first_audio_ms"] for r in tool if r["answer_first_audio_ms"] is not None]
     after_result = [r["result_to_answer_audio_ms"] for r in tool if r["result_to_answer_audio_ms"] is not None]
+    follow_ups = [s for r in tool for s in r.get("llm_steps", []) if s["step"] > 1]
+    no_tool_audio = [r["first_audio_ms"] for r in none if not r["calls"] and r.get("first_audio_ms") is not None]
     return {
         "requests": len(results), "tool_requests": len(tool), "no_tool_requests": len(none),
         "right_tool": sum(r["verdict"]["right_tool"] for r in tool),
@@ -178,6 +185,9 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "dispatch_p50_ms": pct(dispatch, 50), "dispatch_p90_ms": pct(dispatch, 90),
         "answer_audio_p50_ms": pct(answer, 50), "answer_audio_p90_ms": pct(answer, 90),
         "result_to_answer_p50_ms": pct(after_result, 50),
+        "follow_up_first_token_p50_ms": pct([s["time_to_first_token_ms"] for s in follow_ups], 50),
+        "follow_up_prefill_tokens_p50": pct([s["prefill_tokens"] for s in follow_ups], 50),
+        "no_tool_first_audio_p50_ms": pct(no_tool_audio, 50),
     }
 
 
@@ -191,19 +201,24 @@ def table_row(name: str, s: dict[str, Any]) -> str:
     return (f"| {name} | {share(s['right_tool'], s['tool_requests'])} | {share(s['exact_args'], s['tool_requests'])} "
             f"| {share(s['false_calls'], s['no_tool_requests'])} | {share(s['invented_no_tool'], s['uncheckable'])} "
             f"| {s['malformed']} of {s['calls']} | {ms(s['dispatch_p50_ms'])} / {ms(s['dispatch_p90_ms'])} "
-            f"| {ms(s['answer_audio_p50_ms'])} | {ms(s['result_to_answer_p50_ms'])} |")
+            f"| {ms(s['answer_audio_p50_ms'])} | {ms(s['result_to_answer_p50_ms'])} "
+            f"| {ms(s['follow_up_first_token_p50_ms'])} ({ms(s['follow_up_prefill_tokens_p50'])}) "
+            f"| {ms(s['no_tool_first_audio_p50_ms'])} |")
 
 
 HEADER = ("| pack, voice, split | right tool | exact arguments | false calls | invented (uncheckable) | malformed "
-          "| speech end → dispatched p50 / p90 ms | → answer's first audio p50 ms | result → answer audio p50 ms |\n"
-          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| speech end → dispatched p50 / p90 ms | → answer's first audio p50 ms | result → answer audio p50 ms "
+          "| follow-up's first token p50 ms (prefill tokens) | no-tool reply's first audio p50 ms |\n"
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 
 
 async def run_pack(pack: str, voices: list[Any], items: list[Spoken], tool_ms: int, settings: dict[str, str],
                    renderer: Renderer, declare: bool = True) -> list[dict[str, Any]]:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        env = {"VOICE_AGENT_LLM__MODEL": pack, "VOICE_AGENT_LLM__TOOLS_MODEL": pack, **settings}
+        # "defaults": the service's own choice (llm.model, and llm.tools_model for calls with tools)
+        models = {} if pack == DEFAULTS else {"VOICE_AGENT_LLM__MODEL": pack, "VOICE_AGENT_LLM__TOOLS_MODEL": pack}
+        env = {**models, **settings}
         server, proc = start_server(Path(tmp), env)
         try:
             for voice in voices:
@@ -227,7 +242,9 @@ async def run_pack(pack: str, voices: list[Any], items: list[Spoken], tool_ms: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--packs", default=",".join(PACKS))
+    parser.add_argument("--packs", default=",".join(PACKS),
+                        help=f"LLM packs, each serving every call; {DEFAULTS!r}: llm.model, and llm.tools_model "
+                        "with tools")
     parser.add_argument("--voices", default=",".join(VOICES), help="bench/voices.py names")
     parser.add_argument("--split", choices=("tune", "held", "all"), default="all")
     parser.add_argument("--tool-ms", type=int, default=300, help="how long each (fake) tool takes")
