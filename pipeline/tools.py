@@ -124,8 +124,8 @@ def load_tools_file(path: str) -> list[HttpTool]:
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise ConfigError(f"tools.file {path!r}: tools[{i}] is not an object")
-        declared = parse_tools([{"type": "function", **{k: item[k] for k in ("name", "description", "parameters")
-                                                         if k in item}}])
+        declared = parse_tools([{"type": "function", **{k: item[k] for k in ("name", "description", "parameters",
+                                                                            "read_only", "annotations") if k in item}}])
         assert declared is not None
         url, method = item.get("url"), str(item.get("method", "POST")).upper()
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
@@ -208,6 +208,12 @@ class ToolBox:
             choice = "auto"
         return Tools(everything, choice, call_threshold=self.config.call_threshold,
                      greedy_arguments=self.config.greedy_arguments)
+
+    def read_only(self, name: str) -> bool:
+        """Whether the call's tool was declared read-only (it may run before the turn is confirmed)."""
+        tool = self.server[name].tool if name in self.server else next(
+            (t for t in self.client_tools if t.name == name), None)
+        return tool is not None and tool.read_only
 
     def runs_on(self, name: str) -> str:
         if name in self.server:

@@ -2,8 +2,10 @@
 
 A tool is declared as `{"type": "function", "name": ..., "description": ..., "parameters": {JSON
 Schema}}` (the Realtime API's flat shape), or with the same fields under `"function"` (Chat
-Completions). `tool_choice` is "auto", "none", "required", or one function by name
-(`{"type": "function", "name": ...}`, or `{"type": "function", "function": {"name": ...}}`).
+Completions). `"read_only": true` (or MCP's `"annotations": {"readOnlyHint": true}`) says that calling
+it changes nothing: such a call may run before the caller's turn is known to be over. `tool_choice`
+is "auto", "none", "required", or one function by name (`{"type": "function", "name": ...}`, or
+`{"type": "function", "function": {"name": ...}}`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Tool:
     name: str
     description: str
     parameters: dict[str, Any]
+    read_only: bool = False  # calling it changes nothing (a look-up): it may run before the turn is confirmed
 
     def as_openai(self) -> dict[str, Any]:
         """The Chat Completions shape, which chat templates expect."""
@@ -140,7 +143,13 @@ def _parse_tool(item: Any, i: int) -> Tool:
     parameters = body.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
         raise ConfigError(f"tool {name!r}: parameters must be a JSON Schema of type object")
-    return Tool(name, description, parameters)
+    annotations = body.get("annotations", {})
+    if not isinstance(annotations, dict):
+        raise ConfigError(f"tool {name!r}: annotations must be an object")
+    read_only = body.get("read_only", annotations.get("readOnlyHint", False))
+    if not isinstance(read_only, bool):
+        raise ConfigError(f"tool {name!r}: read_only must be true or false, not {read_only!r}")
+    return Tool(name, description, parameters, read_only)
 
 
 def _parse_choice(choice: Any, names: list[str]) -> str:

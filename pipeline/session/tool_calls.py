@@ -66,32 +66,63 @@ class ToolCalls:
     async def dispatch(self, reply: Reply, call: ToolCall, generation: int) -> None:
         """Run a call the reply made, once the reply is known to be heard: a preemptive reply holds
         its calls until its turn is confirmed, and one dropped meanwhile runs none (this task is
-        cancelled with it). Once dispatched a call runs to its end whatever the caller does."""
+        cancelled with it). The exception is a read-only tool the server runs (a look-up that
+        changes nothing): it runs at once, and if the reply is dropped (the caller went on, the
+        words changed) its result is thrown away. Once dispatched a call runs to its end whatever
+        the caller does."""
+        early: tuple[ToolRun, asyncio.Task[ToolRun]] | None = None
         if not reply.confirmed.is_set():
-            await reply.confirmed.wait()
+            if self._may_run_early(reply, call):
+                run = ToolRun(call, "server", self.clock.now())
+                log.info("turn %d: tool call %s %s(%s) (server, read-only: before the turn is confirmed)",
+                         reply.turn.turn_id, call.call_id, call.name, call.arguments)
+                early = (run, asyncio.create_task(self.toolbox.run(run)))
+            try:
+                await reply.confirmed.wait()
+            except asyncio.CancelledError:
+                if early is not None:
+                    self._discard(reply, early[1])
+                raise
         if generation != self.replies.generation:
+            if early is not None:
+                self._discard(reply, early[1])
             return
         now = self.clock.now()
         if not reply.runs:
             reply.history_at = len(self.history)
-            reply.turn.mark("tool_dispatched", now)
-        run = ToolRun(call, self.toolbox.runs_on(call.name), now)
+            reply.turn.mark("tool_dispatched", early[0].dispatched_at if early is not None else now)
         earlier = next((r for r in reply.turn.tool_runs if r.output is not None and r.same_call(call)), None)
+        if early is not None:
+            run, task = early  # running since the call was written
+        else:
+            run = ToolRun(call, self.toolbox.runs_on(call.name), now)
+            if earlier is not None:  # asked again what it was told this turn: not run twice (it would act twice)
+                run.output, run.finished_at, run.repeat_of = earlier.output, now, earlier.call.call_id
+                log.info("turn %d: tool call %s repeats %s: its result is given again, not run",
+                         reply.turn.turn_id, call.call_id, earlier.call.call_id)
+                task = asyncio.create_task(asyncio.sleep(0, run))
+            else:
+                log.info("turn %d: tool call %s %s(%s) (%s)", reply.turn.turn_id, call.call_id, call.name,
+                         call.arguments, run.runs_on)
+                task = asyncio.create_task(self.toolbox.run(run))
         reply.runs.append(run)
         reply.turn.tool_runs.append(run)
-        if earlier is not None:  # asked again what it was told this turn: not run twice (it would act twice)
-            run.output, run.finished_at, run.repeat_of = earlier.output, now, earlier.call.call_id
-            log.info("turn %d: tool call %s repeats %s: its result is given again, not run", reply.turn.turn_id,
-                     call.call_id, earlier.call.call_id)
-            task = asyncio.create_task(asyncio.sleep(0, run))
-        else:
-            log.info("turn %d: tool call %s %s(%s) (%s)", reply.turn.turn_id, call.call_id, call.name,
-                     call.arguments, run.runs_on)
-            task = asyncio.create_task(self.toolbox.run(run))
         reply.run_tasks.append(task)
         self._track(task)
         if len(reply.runs) == 1:
             self._track(asyncio.create_task(self._after_tools(reply)))
+
+    def _may_run_early(self, reply: Reply, call: ToolCall) -> bool:
+        """A call of a reply not yet confirmed may run now: a read-only tool the server runs, not
+        asked before in this turn (a repeat is answered from the earlier result, at confirmation)."""
+        return (self.toolbox.runs_on(call.name) == "server" and self.toolbox.read_only(call.name)
+                and not any(r.same_call(call) for r in reply.turn.tool_runs))
+
+    def _discard(self, reply: Reply, task: asyncio.Task[ToolRun]) -> None:
+        """A read-only call ran for a reply that was dropped: stopped, and its result never used."""
+        task.cancel()
+        log.info("turn %d: a read-only tool call's result is thrown away: its reply was dropped (the caller "
+                 "went on)", reply.turn.turn_id)
 
     async def _after_tools(self, reply: Reply) -> None:
         """Wait for every call of the reply, with one spoken filler if they are slow; then put the

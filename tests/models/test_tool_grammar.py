@@ -162,6 +162,13 @@ def test_both_openai_shapes_and_every_choice_are_read() -> None:
     assert parse_tools(None) is None
 
 
+def test_a_tool_says_it_is_read_only_in_its_own_field_or_as_mcp_does() -> None:
+    own = {**TOOLS[0], "name": "book", "read_only": True}
+    mcp = {"type": "function", "function": {"name": "look", "annotations": {"readOnlyHint": True}}}
+    plain, own, mcp = parse_tools([TOOLS[0], own, mcp]).tools  # type: ignore[union-attr]
+    assert (plain.read_only, own.read_only, mcp.read_only) == (False, True, True)
+
+
 @pytest.mark.parametrize("tools, choice, message", [
     ([{"type": "retrieval"}], "auto", "only"),
     ([{"type": "function", "name": "has space"}], "auto", "name must be"),
@@ -170,6 +177,8 @@ def test_both_openai_shapes_and_every_choice_are_read() -> None:
     (TOOLS, {"type": "function", "name": "fly"}, "not among the tools"),
     (None, "required", "needs tools"),
     ([{"type": "function", "name": "x", "parameters": {"type": "array"}}], "auto", "type object"),
+    ([{"type": "function", "name": "x", "read_only": "yes"}], "auto", "read_only must be true or false"),
+    ([{"type": "function", "name": "x", "annotations": []}], "auto", "annotations must be an object"),
 ])
 def test_bad_declarations_are_refused_with_what_is_wrong(tools: Any, choice: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

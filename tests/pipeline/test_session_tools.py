@@ -242,7 +242,8 @@ async def test_barge_in_during_a_slow_tool_runs_it_once_and_keeps_its_result() -
 # -- the server's own HTTP tools ------------------------------------------------------------------
 @pytest.fixture
 async def tool_server() -> AsyncIterator[tuple[str, list[dict]]]:
-    """A real HTTP server on a free port: POST /orders answers from its body, /slow never answers."""
+    """A real HTTP server on a free port: POST /orders answers from its body (and so does /cancel, which
+    acts), /slow never answers."""
     seen: list[dict] = []
 
     async def orders(request: web.Request) -> web.Response:
@@ -256,6 +257,7 @@ async def tool_server() -> AsyncIterator[tuple[str, list[dict]]]:
 
     app = web.Application()
     app.router.add_post("/orders", orders)
+    app.router.add_post("/cancel", orders)
     app.router.add_post("/slow", slow)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -410,3 +412,80 @@ async def test_in_a_call_served_by_the_tools_model_the_words_are_weighed_by_the_
     await session.audio_in.put(None)
     await task
     assert plain.closed == 1  # the weighing conversation was closed with the call
+
+
+LOOK_UP = Tool("order_status", "Look up an order.", LOOKUP["parameters"], read_only=True)  # type: ignore[arg-type]
+CANCEL = Tool("cancel_order", "Cancel an order.", LOOKUP["parameters"])  # type: ignore[arg-type]
+
+
+async def pause_then_go_on(session: Session, llm: FakeLLM) -> None:
+    """The caller pauses (a preemptive reply starts on the words so far and writes its call), then
+    speaks again and stops."""
+    await speak(session, 0.5, True)
+    await speak(session, 0.2, False)  # a pause: the turn is not over
+    await until(lambda: llm.requests)
+    await speak(session, 0.5, True)
+    await speak(session, 0.6, False)
+
+
+async def test_a_tool_that_acts_never_runs_for_a_reply_that_was_dropped(tool_server: tuple[str, list[dict]]) -> None:
+    base, seen = tool_server
+    cancel = '{"order_number": "4512"}'
+    llm = FakeLLM([[ToolCall("early", "cancel_order", cancel)], [ToolCall("late", "cancel_order", cancel)], "Done."])
+    session, out = make_session(llm, ["Cancel my order", "Cancel my order 4512 please."])
+    async with httpx.AsyncClient() as http:
+        session = remade(session, toolbox=ToolBox(ToolsConfig(), session.clock, [HttpTool(CANCEL, base + "/cancel")],
+                                                  http))
+        task = asyncio.create_task(session.run())
+        await pause_then_go_on(session, llm)
+        await out.wait(lambda: any(d.status == "completed" for d in done_events(out)), timeout=10)
+        await session.audio_in.put(None)
+        await task
+    assert len(seen) == 1  # the reply to the whole turn cancelled, once; the dropped one did nothing
+    assert [c["call_id"] for d in done_events(out) for c in d.tool_calls] == ["late", "late"]
+
+
+async def test_a_read_only_tool_runs_at_the_pause_and_its_result_is_thrown_away_when_the_words_change(
+        tool_server: tuple[str, list[dict]]) -> None:
+    base, seen = tool_server
+    llm = FakeLLM([[call(call_id="early")], [call('{"order_number": "4513"}', call_id="late")], "Found it."])
+    session, out = make_session(llm, ["Where is my order 4512", "Where is my order 4513?"])
+    async with httpx.AsyncClient() as http:
+        session = remade(session, toolbox=ToolBox(ToolsConfig(), session.clock, [HttpTool(LOOK_UP, base + "/orders")],
+                                                  http))
+        task = asyncio.create_task(session.run())
+        await speak(session, 0.5, True)
+        await speak(session, 0.2, False)
+        await until(lambda: seen)  # looked up during the pause, before the turn was known to be over
+        await speak(session, 0.5, True)
+        await speak(session, 0.6, False)
+        await out.wait(lambda: any(d.status == "completed" for d in done_events(out)), timeout=10)
+        await session.audio_in.put(None)
+        await task
+    assert [s["body"]["order_number"] for s in seen] == ["4512", "4513"]
+    results = [json.loads(m.content)["order_number"] for m in session.history if m.role == "tool"]
+    assert results == ["4513"]  # the early result was thrown away with its reply
+    assert [c["call_id"] for c in done_events(out)[-1].tool_calls] == ["late"]
+
+
+async def test_a_read_only_tools_early_result_answers_the_turn_when_the_words_stay(
+        tool_server: tuple[str, list[dict]]) -> None:
+    base, seen = tool_server
+    llm = FakeLLM([[call()], "It shipped on Monday."])
+    session, out = make_session(llm, ["Where is my order 4512?", "Where is my order 4512?"])
+    async with httpx.AsyncClient() as http:
+        session = remade(session, toolbox=ToolBox(ToolsConfig(), session.clock, [HttpTool(LOOK_UP, base + "/orders")],
+                                                  http))
+        task = asyncio.create_task(session.run())
+        await speak(session, 0.5, True)
+        await speak(session, 0.2, False)
+        await until(lambda: seen)  # dispatched at the pause
+        await speak(session, 1.0, False)  # the pause goes on: the turn is over, with the same words
+        await out.wait(lambda: any(d.status == "completed" for d in done_events(out)), timeout=10)
+        await session.audio_in.put(None)
+        await task
+    assert len(seen) == 1  # run once, at the pause, and its result used
+    calls, answer = done_events(out)[0], done_events(out)[-1]
+    assert calls.status == "tool_calls" and calls.preemptive  # the reply written at the pause, confirmed
+    assert answer.text == "It shipped on Monday."
+    assert answer.tool_calls[0]["call_id"] == "call_1" and answer.tool_calls[0]["output"] is not None
