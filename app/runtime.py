@@ -270,9 +270,12 @@ def load_backends(settings: Settings, clock: Clock, say: object = print,
     tools_llm = None
     if llm_cfg.engine == "embedded" and llm_cfg.tools_model and llm_cfg.tools_model != llm_cfg.model:
         report(f"loading the LLM of calls with tools ({llm_cfg.tools_model}; llm.tools_model)")
+        # on the default model's thread: one model computes at a time, the most urgent job first (a
+        # call with tools weighs its caller's words on the default model while the tools model answers)
         tools_llm = registry.load_llm(llm_cfg.model_copy(update={"model": llm_cfg.tools_model}), clock,
                                       sequences=settings.server.max_sessions,
-                                      api_sequences=settings.server.max_api_requests)
+                                      api_sequences=settings.server.max_api_requests,
+                                      worker=getattr(llm, "worker", None))
     offered = ToolBox(settings.tools, clock, server_tools, None).tools(1) if server_tools else None
     for engine, tools in ((llm, offered if tools_llm is None else None), (tools_llm, offered)):
         warm_up = getattr(engine, "warm_up", None)

@@ -9,6 +9,7 @@ from typing import Any
 
 from core.clock import Clock
 from core.errors import BackendUnavailableError, ConfigError
+from core.worker import ModelWorker
 from models.config import AsrConfig, LlmConfig, TtsConfig, TurnConfig, VadConfig
 from models.protocols import LanguageModel, SpeechRecognizer, Synthesizer, TurnDetector, VoiceActivityDetector
 
@@ -64,13 +65,15 @@ def load_tts(config: TtsConfig) -> Synthesizer:
     return tts
 
 
-def load_llm(config: LlmConfig, clock: Clock, *, sequences: int = 8, api_sequences: int = 0) -> LanguageModel:
+def load_llm(config: LlmConfig, clock: Clock, *, sequences: int = 8, api_sequences: int = 0,
+             worker: ModelWorker | None = None) -> LanguageModel:
     """`sequences`: calls held at once (server.max_sessions), `api_sequences`: /v1 generations at once
-    (server.max_api_requests): the embedded engine's KV cache is sized for both."""
+    (server.max_api_requests): the embedded engine's KV cache is sized for both. `worker`: the
+    embedded engine runs on this thread (another engine's) instead of one of its own."""
     if config.engine == "embedded":
         from models.llm.llm_factory import load_embedded
 
-        return load_embedded(config, clock, sequences=sequences, api_sequences=api_sequences)
+        return load_embedded(config, clock, sequences=sequences, api_sequences=api_sequences, worker=worker)
     if config.engine == "openai":
         from models.llm.llm_openai import OpenAIChatLLM
 

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from core.clock import Clock
+from core.worker import ModelWorker
 from models.config import LlmConfig
 from models.cpu import cores
 from models.llm.llm_embedded import EmbeddedLLM
@@ -18,9 +19,12 @@ from models.speculative.decoder import SpeculativeStrategy
 log = logging.getLogger(__name__)
 
 
-def load_embedded(config: LlmConfig, clock: Clock, *, sequences: int = 8, api_sequences: int = 0) -> EmbeddedLLM:
+def load_embedded(config: LlmConfig, clock: Clock, *, sequences: int = 8, api_sequences: int = 0,
+                  worker: ModelWorker | None = None) -> EmbeddedLLM:
     """`sequences`: calls held at once (server.max_sessions) of llm.max_context_tokens each;
-    `api_sequences`: /v1 generations at once (server.max_api_requests) of llm.api_context_tokens."""
+    `api_sequences`: /v1 generations at once (server.max_api_requests) of llm.api_context_tokens;
+    `worker`: another engine's thread to run on (two models in one process take turns on the cores
+    in deadline order, instead of two llama.cpp thread pools fighting over them)."""
     spec = config.speculative
     threads = config.threads or cores()
     refs = [config.model] + ([spec.draft_model] if spec.method == "draft_model" else [])
@@ -32,8 +36,8 @@ def load_embedded(config: LlmConfig, clock: Clock, *, sequences: int = 8, api_se
     strategy = SpeculativeStrategy(lm, clock, method=spec.method, fixed_k=fixed, max_k=spec.max_speculative_tokens,
                                    draft=draft, ngram_min=spec.ngram_min, ngram_max=spec.ngram_max,
                                    draft_copy_min=spec.draft_copy_min)
-    return EmbeddedLLM(lm, clock, strategy, max_context_tokens=config.max_context_tokens, schedule=config.schedule,
-                       api_deadline_s=config.api_deadline_s)
+    return EmbeddedLLM(lm, clock, strategy, worker=worker, max_context_tokens=config.max_context_tokens,
+                       schedule=config.schedule, api_deadline_s=config.api_deadline_s)
 
 
 def _load_llama(config: LlmConfig, refs: list[str], threads: int, sequences: int,
