@@ -264,6 +264,10 @@ class ToolsConfig(BaseModel):
     filler_after_ms: int = Field(600, ge=0, description="a tool slower than this gets one short spoken filler, once "
                                                        "per turn")
     filler: str = "One moment, let me check."
+    acknowledgement: str = Field(
+        "One moment.", description="said as soon as a reply to the caller's words begins a tool call without a word "
+        "of its own, while the call is still being written (the caller hears it at a plain turn's latency, not the "
+        "silence of the call and the tool); such a turn gets no filler. Empty: silent until the answer or the filler")
     timeout_s: float = Field(10.0, gt=0, le=120, description="a tool that takes longer fails with a timeout, which the "
                                                             "model is told")
     max_result_chars: int = Field(4000, ge=100, description="a tool's result is cut to this many characters for the "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from core.clock import Clock
 from core.errors import VoiceAgentError
@@ -22,11 +22,14 @@ async def llm_stage(
     params: SamplingParams,
     clock: Clock,
     budget: ReplyBudgetConfig | None = None,
+    acknowledgement: Callable[[str], str] | None = None,
 ) -> AsyncGenerator[ReplyEvent, None]:
     """`budget`: a spoken reply's limit (pipeline/reply_budget.py); once spent, the generation stops
-    at the sentence's end, the offer is said, and the stats' finish_reason is "spoken_budget"."""
+    at the sentence's end, the offer is said, and the stats' finish_reason is "spoken_budget".
+    `acknowledgement`: what is said (given the tool's name; "" for nothing) the moment the reply
+    begins a tool call before any word of its own."""
     async for request in requests:
-        produced = False
+        produced = said = False
         spoken = SpokenBudget(budget) if budget is not None and budget.enabled else None
         try:
             # Closed with this stage (a barge-in): the generation stops at once, not when collected.
@@ -35,11 +38,18 @@ async def llm_stage(
                     if isinstance(output, TextDelta):
                         text = output.text if spoken is None else spoken.take(output.text)
                         if text:
-                            produced = True
+                            produced = said = True
                             yield ReplyText(request.turn_id, text, clock.now())
                         if spoken is not None and spoken.spent:
                             break  # closing the stream stops the generation
-                    elif isinstance(output, ToolCallDelta):
+                        continue
+                    if isinstance(output, ToolCallDelta | ToolCallOutput) and acknowledgement and not said:
+                        said = True  # a call begins before any word: the caller hears this meanwhile
+                        name = output.name if isinstance(output, ToolCallDelta) else output.call.name
+                        ack = acknowledgement(name)
+                        if ack:
+                            yield ReplyText(request.turn_id, ack, clock.now())
+                    if isinstance(output, ToolCallDelta):
                         yield ReplyToolCallDelta(request.turn_id, output.call_id, output.name, output.delta)
                     elif isinstance(output, ToolCallOutput):
                         produced = True

@@ -209,6 +209,11 @@ class ToolBox:
         return Tools(everything, choice, call_threshold=self.config.call_threshold,
                      greedy_arguments=self.config.greedy_arguments)
 
+    def acknowledgement(self, name: str) -> str:
+        """What the caller hears when a reply begins a call to `name` before any word (none before
+        end_call: its goodbye comes next)."""
+        return "" if name == END_CALL.name else self.config.acknowledgement
+
     def read_only(self, name: str) -> bool:
         """Whether the call's tool was declared read-only (it may run before the turn is confirmed)."""
         tool = self.server[name].tool if name in self.server else next(

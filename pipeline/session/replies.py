@@ -212,7 +212,9 @@ class Replies:
         turn = reply.turn
         request = ReplyRequest(turn.turn_id, reply.prompt, self.clock.now(), reply.tools)
         budget = cfg.session.reply_budget if reply.speaks else None  # a caller cannot skim; a reader can
-        text = (llm_stage(_one(request), self.conversation, cfg.sampling, self.clock, budget)
+        # a call begun before any word is acknowledged aloud, once a turn (tools.acknowledgement)
+        ack = self.toolbox.acknowledgement if self.toolbox is not None and reply.speaks and reply.step == 1 else None
+        text = (llm_stage(_one(request), self.conversation, cfg.sampling, self.clock, budget, ack)
                 if reply.fixed_text is None else _said(turn.turn_id, reply.fixed_text, self.clock))
         phrases = chunk_stage(text, cfg.chunker, self.clock)
         audio = (tts_stage(phrases, self.backends.tts, self.backends.tts_worker, self.rate, self.clock,

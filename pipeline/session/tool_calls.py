@@ -139,7 +139,8 @@ class ToolCalls:
             replies.prepare(ahead, step=reply.step + 1, open_last=True)
         _, slow = await asyncio.wait(runs, timeout=cfg.filler_after_ms / 1000)
         filler: Reply | None = None
-        if slow and cfg.filler and "filler" not in turn.marks and self.book.answering == turn.turn_id:
+        worded = bool(reply.ledger.full_text().strip())  # words before its calls (an acknowledgement): no filler
+        if slow and cfg.filler and not worded and "filler" not in turn.marks and self.book.answering == turn.turn_id:
             await reply.ended.wait()  # after the reply's own words, if it had some
             if replies.current is None and self.book.answering == turn.turn_id and not all(t.done() for t in slow):
                 turn.mark("filler", self.clock.now())

@@ -136,7 +136,7 @@ async def test_parallel_calls_run_together_and_lead_to_one_follow_up() -> None:
 async def test_a_slow_tool_gets_one_filler_in_the_agents_voice() -> None:
     llm = FakeLLM([[call()], "It shipped."])
     session, out = make_session(llm, ["Where is my order?"])
-    session = with_client_tools(session, ToolsConfig(filler_after_ms=100))
+    session = with_client_tools(session, ToolsConfig(filler_after_ms=100, acknowledgement=""))
     task = asyncio.create_task(session.run())
     filler_done = asyncio.Event()  # the tool answers only once the filler was said, however slow the machine
     client = asyncio.create_task(answer_calls(session, out, '{"status": "shipped"}', after=filler_done))
@@ -489,3 +489,22 @@ async def test_a_read_only_tools_early_result_answers_the_turn_when_the_words_st
     assert calls.status == "tool_calls" and calls.preemptive  # the reply written at the pause, confirmed
     assert answer.text == "It shipped on Monday."
     assert answer.tool_calls[0]["call_id"] == "call_1" and answer.tool_calls[0]["output"] is not None
+
+
+async def test_a_call_begun_before_any_word_is_acknowledged_aloud_and_gets_no_filler_after() -> None:
+    """The caller hears "One moment." while the call is written and the tool runs (a slow one too),
+    not silence; the acknowledgement is the reply's words, kept with its call."""
+    llm = FakeLLM([[call()], "It shipped."])
+    session, out = make_session(llm, ["Where is my order?"])
+    session = with_client_tools(session, ToolsConfig(filler_after_ms=50))
+    task = asyncio.create_task(session.run())
+    client = asyncio.create_task(answer_calls(session, out, '{"status": "shipped"}', delay=0.3))
+    await turn(session, out, 2)
+    calls, answer = done_events(out)[:2]
+    assert calls.status == "tool_calls" and calls.text == "One moment."
+    assert answer.text == "It shipped." and not answer.filler
+    assert not any(d.filler for d in done_events(out))  # acknowledged once: no filler besides
+    assert session.history[2].content == "One moment." and session.history[2].tool_calls == (call(),)
+    client.cancel()
+    await session.audio_in.put(None)
+    await task
