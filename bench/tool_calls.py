@@ -54,6 +54,9 @@ VOICES = ["hibari-heart", "piper-joe"]  # the tuned voice and one never tuned on
 DECLINE = re.compile(r"\b(can ?not|can'?t|cannot|unable|not able|don'?t have|do not have|no (?:way|access)|"
                      r"not (?:sure|possible|available)|I'?m afraid|couldn'?t|could not|don'?t know|do not know|"
                      r"isn'?t something|not something|no tool)\b", re.IGNORECASE)
+# a promise to check or do something ("Let me check.", "I can check the pharmacy's stock"): kept only with a call
+PROMISE = re.compile(r"\b(let me (?:check|look|see|find)|I'?ll (?:check|look|find)|I will (?:check|look|find)|"
+                     r"I can (?:check|look)|one moment|checking (?:on|for|that))\b", re.IGNORECASE)
 
 
 def fake_result(name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -146,6 +149,7 @@ def judge(r: dict[str, Any]) -> dict[str, Any]:
     first = calls[0] if calls else None
     out = {"malformed": sum(1 for c in calls if c["malformed"])}
     honest = bool(DECLINE.search(r["reply"]))
+    out["promise_without_call"] = not calls and bool(PROMISE.search(r["reply"]))
     if expected:
         args = json.loads(first["arguments"]) if first and not first["malformed"] else None
         out["right_tool"] = bool(first) and first["name"] == expected[0]
@@ -181,6 +185,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "invented_no_tool": sum(r["verdict"]["invented"] for r in unc),
         "invented_tool_requests": sum(r["verdict"]["invented"] for r in tool),
         "malformed": sum(r["verdict"]["malformed"] for r in results),
+        "promises_without_call": sum(r["verdict"].get("promise_without_call", False) for r in results),
         "calls": sum(len(r["calls"]) for r in results),
         "dispatch_p50_ms": pct(dispatch, 50), "dispatch_p90_ms": pct(dispatch, 90),
         "answer_audio_p50_ms": pct(answer, 50), "answer_audio_p90_ms": pct(answer, 90),
@@ -188,6 +193,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "follow_up_first_token_p50_ms": pct([s["time_to_first_token_ms"] for s in follow_ups], 50),
         "follow_up_prefill_tokens_p50": pct([s["prefill_tokens"] for s in follow_ups], 50),
         "no_tool_first_audio_p50_ms": pct(no_tool_audio, 50),
+        # the first sound a tool request's caller hears (an acknowledgement, a filler or the answer)
+        "tool_first_audio_p50_ms": pct([r["first_audio_ms"] for r in tool if r.get("first_audio_ms") is not None], 50),
     }
 
 
@@ -201,15 +208,18 @@ def table_row(name: str, s: dict[str, Any]) -> str:
     return (f"| {name} | {share(s['right_tool'], s['tool_requests'])} | {share(s['exact_args'], s['tool_requests'])} "
             f"| {share(s['false_calls'], s['no_tool_requests'])} | {share(s['invented_no_tool'], s['uncheckable'])} "
             f"| {s['malformed']} of {s['calls']} | {ms(s['dispatch_p50_ms'])} / {ms(s['dispatch_p90_ms'])} "
-            f"| {ms(s['answer_audio_p50_ms'])} | {ms(s['result_to_answer_p50_ms'])} "
+            f"| {ms(s['tool_first_audio_p50_ms'])} | {ms(s['answer_audio_p50_ms'])} "
+            f"| {ms(s['result_to_answer_p50_ms'])} "
             f"| {ms(s['follow_up_first_token_p50_ms'])} ({ms(s['follow_up_prefill_tokens_p50'])}) "
-            f"| {ms(s['no_tool_first_audio_p50_ms'])} |")
+            f"| {ms(s['no_tool_first_audio_p50_ms'])} | {share(s['promises_without_call'], s['requests'])} |")
 
 
 HEADER = ("| pack, voice, split | right tool | exact arguments | false calls | invented (uncheckable) | malformed "
-          "| speech end → dispatched p50 / p90 ms | → answer's first audio p50 ms | result → answer audio p50 ms "
-          "| follow-up's first token p50 ms (prefill tokens) | no-tool reply's first audio p50 ms |\n"
-          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| speech end → dispatched p50 / p90 ms | → first audio heard p50 ms | → answer's first audio p50 ms "
+          "| result → answer audio p50 ms "
+          "| follow-up's first token p50 ms (prefill tokens) | no-tool reply's first audio p50 ms "
+          "| promises without a call |\n"
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 
 
 async def run_pack(pack: str, voices: list[Any], items: list[Spoken], tool_ms: int, settings: dict[str, str],
