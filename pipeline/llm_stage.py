@@ -47,8 +47,8 @@ async def llm_stage(
                         said = True  # a call begins before any word: the caller hears this meanwhile
                         name = output.name if isinstance(output, ToolCallDelta) else output.call.name
                         ack = acknowledgement(name)
-                        if ack:
-                            yield ReplyText(request.turn_id, ack, clock.now())
+                        if ack:  # with a space after it: a whole sentence, cut as a phrase and said now
+                            yield ReplyText(request.turn_id, ack.strip() + " ", clock.now())
                     if isinstance(output, ToolCallDelta):
                         yield ReplyToolCallDelta(request.turn_id, output.call_id, output.name, output.delta)
                     elif isinstance(output, ToolCallOutput):
