@@ -121,7 +121,12 @@ async def one_request(url: str, item: Spoken, samples: np.ndarray, tool_ms: int,
     finally:
         trailing.cancel()
     calls = [(r.at, r.event) for r in client.received if r.event and r.event["type"] == "response.function_call"]
-    answer_audio = next((r.at for r in client.received if r.audio and returned and r.at > returned[-1]), None)
+    # the answer's audio: after the results, and after the audio of the reply that made the calls (words
+    # before them, an acknowledgement), which is all sent before its response.done
+    calls_done = next((r.at for r in client.received if r.event and r.event["type"] == "response.done"
+                       and r.event["status"] == "tool_calls"), 0.0)
+    answer_audio = next((r.at for r in client.received
+                         if r.audio and returned and r.at > max(returned[-1], calls_done)), None)
     first_audio = next((r.at for r in client.received if r.audio), None)
     replies = [e["text"] for e in client.events("response.done") if not e.get("filler")]
     heard = client.events("transcript.final")
