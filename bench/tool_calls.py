@@ -1,9 +1,12 @@
 """Tool calls through the whole voice pipeline, per LLM pack: does a spoken request reach the right tool
 with the right arguments, how soon, and does the agent stay honest where no tool can help?
 
-The labelled set is bench/tool_set.py's SPOKEN: 48 requests to four tools (booking, order status, opening
-hours, cancelling) and 24 that need none (12 that no declared tool can check or do, 12 small talk), split
-into "tune" (what the default prompt and the schemas were adjusted on) and "held" (only run for the report).
+The labelled set (--requests four, the default) is bench/tool_set.py's SPOKEN: 48 requests to four tools
+(booking, order status, opening hours, cancelling) and 24 that need none (12 that no declared tool can
+check or do, 12 small talk), split into "tune" (what the default prompt and the schemas were adjusted on)
+and "held" (only run for the report). --requests wide: bench/tool_set_wide.py's 66 tool requests over six
+tools (6 of them needing two calls, judged right when every expected call and no other was made) and 30
+that need none.
 Each is rendered in the chosen voices (bench/voices.py), streamed in real time to a server started here
 (`/ws`, real ASR, turn detection, LLM and TTS) that declares the four tools in session.start
 (tool_choice "auto", the default tools prompt). The client runs the tools: stand-ins for the business's
@@ -37,7 +40,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tool_set import SPOKEN, SPOKEN_TOOLS, Spoken  # bench/tool_set.py, beside this script
+from tool_set import SPOKEN, SPOKEN_TOOLS  # bench/tool_set.py, beside this script
+from tool_set_wide import WIDE, WIDE_TOOLS, Request
 
 from app.client import VoiceClient
 from bench.turn_set import pick_voices
@@ -69,7 +73,18 @@ def fake_result(name: str, args: dict[str, Any]) -> dict[str, Any]:
         return {**args, "opens": "08:00", "closes": "18:00"}
     if name == "cancel_appointment":
         return {"cancelled": True, **args}
+    if name == "get_weather":
+        return {**args, "forecast": "sunny", "high_c": 21, "low_c": 12}
+    if name == "find_booking":
+        return {"found": True, "last_name": args.get("last_name"), "party_size": 2, "day": "Friday", "time": "19:30"}
     return {"error": f"unknown tool {name}"}
+
+
+# --requests: the labelled set and the tools declared for it
+REQUEST_SETS: dict[str, tuple[list[Request], list[dict[str, Any]]]] = {
+    "four": ([Request(s.text, (s.call,) if s.call else (), s.split, s.kind) for s in SPOKEN], SPOKEN_TOOLS),
+    "wide": (WIDE, WIDE_TOOLS),
+}
 
 
 def normal(value: Any) -> Any:
@@ -81,9 +96,9 @@ def normal(value: Any) -> Any:
     return value
 
 
-def malformed(name: str, arguments: str) -> str:
+def malformed(name: str, arguments: str, tools: list[dict[str, Any]]) -> str:
     """Why a call is malformed ('' if it is not): unknown tool, not JSON, or not valid for its schema."""
-    schema = next((t["parameters"] for t in SPOKEN_TOOLS if t["name"] == name), None)
+    schema = next((t["parameters"] for t in tools if t["name"] == name), None)
     if schema is None:
         return f"unknown tool {name!r}"
     try:
@@ -93,7 +108,7 @@ def malformed(name: str, arguments: str) -> str:
     return ""
 
 
-async def one_request(url: str, item: Spoken, samples: np.ndarray, tool_ms: int,
+async def one_request(url: str, item: Request, samples: np.ndarray, tool_ms: int, tools: list[dict[str, Any]],
                       declare: bool = True) -> dict[str, Any]:
     """One call: the request, spoken; the client runs the tools; until the answer's response.done."""
     client = VoiceClient(url, 16000)
@@ -105,7 +120,7 @@ async def one_request(url: str, item: Spoken, samples: np.ndarray, tool_ms: int,
         return fake_result(name, args)
 
     client.tool_handler = tool
-    started = await client.connect(tools=SPOKEN_TOOLS, tool_choice="auto") if declare else await client.connect()
+    started = await client.connect(tools=tools, tool_choice="auto") if declare else await client.connect()
     if started.get("type") != "session.started":
         raise SystemExit(f"session.start refused: {started}")
     lead = np.zeros(int(0.3 * 16000), dtype=np.int16)
@@ -133,9 +148,12 @@ async def one_request(url: str, item: Spoken, samples: np.ndarray, tool_ms: int,
     await client.close()
     return {
         "text": item.text, "split": item.split, "kind": item.kind if declare or item.kind == "chat" else "uncheckable",
-        "expected": list(item.call) if item.call and declare else None,
+        # the first expected call (name, arguments); every one of them where a request needs several
+        "expected": list(item.calls[0]) if item.calls and declare else None,
+        "expected_calls": [list(c) for c in item.calls] if declare else [],
         "heard": " ".join(e["text"] for e in heard),
-        "calls": [{"name": e["name"], "arguments": e["arguments"], "malformed": malformed(e["name"], e["arguments"]),
+        "calls": [{"name": e["name"], "arguments": e["arguments"],
+                   "malformed": malformed(e["name"], e["arguments"], tools),
                    "after_speech_ms": round((at - true_end) * 1000)} for at, e in calls],
         "reply": " ".join(t for t in replies if t),
         "status": done["status"],
@@ -155,7 +173,14 @@ def judge(r: dict[str, Any]) -> dict[str, Any]:
     out = {"malformed": sum(1 for c in calls if c["malformed"])}
     honest = bool(DECLINE.search(r["reply"]))
     out["promise_without_call"] = not calls and bool(PROMISE.search(r["reply"]))
-    if expected:
+    wanted = r.get("expected_calls") or []
+    if len(wanted) > 1:  # every expected call made (in any order), and no other
+        made = sorted(c["name"] for c in calls)
+        out["right_tool"] = made == sorted(name for name, _ in wanted)
+        given = [normal(json.loads(c["arguments"])) for c in calls if not c["malformed"]]
+        out["exact_args"] = out["right_tool"] and all(normal(a) in given for _, a in wanted)
+        out["invented"] = not calls and not honest
+    elif expected:
         args = json.loads(first["arguments"]) if first and not first["malformed"] else None
         out["right_tool"] = bool(first) and first["name"] == expected[0]
         out["exact_args"] = out["right_tool"] and normal(args) == normal(expected[1])
@@ -227,8 +252,8 @@ HEADER = ("| pack, voice, split | right tool | exact arguments | false calls | i
           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 
 
-async def run_pack(pack: str, voices: list[Any], items: list[Spoken], tool_ms: int, settings: dict[str, str],
-                   renderer: Renderer, declare: bool = True) -> list[dict[str, Any]]:
+async def run_pack(pack: str, voices: list[Any], items: list[Request], tools: list[dict[str, Any]], tool_ms: int,
+                   settings: dict[str, str], renderer: Renderer, declare: bool = True) -> list[dict[str, Any]]:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         # "defaults": the service's own choice (llm.model, and llm.tools_model for calls with tools)
@@ -240,7 +265,7 @@ async def run_pack(pack: str, voices: list[Any], items: list[Spoken], tool_ms: i
                 for item in items:
                     audio = renderer.say(voice, item.text)
                     samples = (np.clip(audio, -1, 1) * 32767).astype(np.int16)
-                    r = await one_request(server.ws_url, item, samples, tool_ms, declare)
+                    r = await one_request(server.ws_url, item, samples, tool_ms, tools, declare)
                     r["pack"], r["voice"] = pack, voice.name
                     r["verdict"] = judge(r)
                     if r["status"] == "failed":
@@ -262,6 +287,8 @@ def main() -> None:
                         "with tools")
     parser.add_argument("--voices", default=",".join(VOICES), help="bench/voices.py names")
     parser.add_argument("--split", choices=("tune", "held", "all"), default="all")
+    parser.add_argument("--requests", choices=tuple(REQUEST_SETS), default="four",
+                        help="the labelled set: bench/tool_set.py's four tools, or bench/tool_set_wide.py's six")
     parser.add_argument("--tool-ms", type=int, default=300, help="how long each (fake) tool takes")
     parser.add_argument("--set", action="append", default=[], metavar="VOICE_AGENT_X=Y",
                         help="a server setting for every pack")
@@ -278,7 +305,8 @@ def main() -> None:
     settings.setdefault("VOICE_AGENT_SESSION__OUTPUT_LEAD_MS", "60000")
     # the service's own sampling (tests' servers run at temperature 0)
     settings.setdefault("VOICE_AGENT_LLM__TEMPERATURE", str(LlmConfig().temperature))
-    items = [s for s in SPOKEN if args.split in ("all", s.split) and s.kind in args.kinds.split(",")]
+    requests, tools = REQUEST_SETS[args.requests]
+    items = [s for s in requests if args.split in ("all", s.split) and s.kind in args.kinds.split(",")]
     if args.limit:
         items = [s for kind in ("tool", "uncheckable", "chat")
                  for s in [i for i in items if i.kind == kind][:args.limit]]
@@ -287,7 +315,7 @@ def main() -> None:
         raise SystemExit(f"none of the voices {args.voices} can be rendered here: see bench/voices.py")
     print(f"CPU: {cpu.describe()}")
     print(f"voices: {', '.join(v.name for v in voices)}; {len(items)} requests "
-          f"({sum(1 for i in items if i.call)} to tools); tools answer after {args.tool_ms} ms; settings {settings}\n")
+          f"({sum(1 for i in items if i.calls)} to tools); tools answer after {args.tool_ms} ms; settings {settings}\n")
     renderer = Renderer()
     for voice in voices:  # rendered before any call runs, so that no call shares the CPU with the TTS
         for item in items:
@@ -295,7 +323,8 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     for pack in args.packs.split(","):
         print(f"== {pack}", flush=True)
-        results += asyncio.run(run_pack(pack, voices, items, args.tool_ms, settings, renderer, not args.no_tools))
+        results += asyncio.run(run_pack(pack, voices, items, tools, args.tool_ms, settings, renderer,
+                                        not args.no_tools))
     summaries: dict[str, Any] = {}
     print("\n" + HEADER)
     for pack in args.packs.split(","):
