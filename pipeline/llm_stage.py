@@ -29,7 +29,7 @@ async def llm_stage(
     `acknowledgement`: what is said (given the tool's name; "" for nothing) the moment the reply
     begins a tool call before any word of its own."""
     async for request in requests:
-        produced = said = False
+        produced = said = acked = called = False
         spoken = SpokenBudget(budget) if budget is not None and budget.enabled else None
         try:
             # Closed with this stage (a barge-in): the generation stops at once, not when collected.
@@ -48,14 +48,18 @@ async def llm_stage(
                         name = output.name if isinstance(output, ToolCallDelta) else output.call.name
                         ack = acknowledgement(name)
                         if ack:  # with a space after it: a whole sentence, cut as a phrase and said now
+                            acked = True
                             yield ReplyText(request.turn_id, ack.strip() + " ", clock.now())
                     if isinstance(output, ToolCallDelta):
                         yield ReplyToolCallDelta(request.turn_id, output.call_id, output.name, output.delta)
                     elif isinstance(output, ToolCallOutput):
-                        produced = True
+                        produced = called = True
                         yield ReplyToolCall(request.turn_id, output.call, clock.now())
                     elif isinstance(output, GenerationDone):
-                        yield ReplyFinished(request.turn_id, output.stats, clock.now())
+                        # "One moment." and then no call (cut off at the token limit): the caller must not wait
+                        unkept = ("engine_error: the reply began a tool call and did not finish it"
+                                  if acked and not called else None)
+                        yield ReplyFinished(request.turn_id, output.stats, clock.now(), error=unkept)
             if spoken is not None and spoken.spent:
                 log.info("turn %d: the reply stopped at its spoken budget (session.reply_budget: %d sentences, "
                          "%.0f s)", request.turn_id, spoken.config.max_sentences, spoken.config.max_seconds)

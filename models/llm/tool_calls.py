@@ -143,10 +143,13 @@ def _parse_tool(item: Any, i: int) -> Tool:
     parameters = body.get("parameters", {"type": "object", "properties": {}})
     if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
         raise ConfigError(f"tool {name!r}: parameters must be a JSON Schema of type object")
-    annotations = body.get("annotations", {})
+    annotations = body.get("annotations")
+    annotations = {} if annotations is None else annotations
     if not isinstance(annotations, dict):
         raise ConfigError(f"tool {name!r}: annotations must be an object")
-    read_only = body.get("read_only", annotations.get("readOnlyHint", False))
+    read_only = body.get("read_only")
+    if read_only is None:
+        read_only = annotations.get("readOnlyHint") or False
     if not isinstance(read_only, bool):
         raise ConfigError(f"tool {name!r}: read_only must be true or false, not {read_only!r}")
     return Tool(name, description, parameters, read_only)

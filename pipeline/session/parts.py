@@ -142,6 +142,7 @@ class Reply:
     fixed_text: str | None = None  # said as is, without the LLM (the filler while a tool runs)
     produced: asyncio.Event = field(default_factory=asyncio.Event)  # its generation is over
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # finished or cancelled
+    status: str | None = None  # how it ended (completed, tool_calls, interrupted, failed); None while it runs
     kept_text: str | None = None  # what the history keeps of its words (set when it finishes)
     in_history: bool = True  # False: an out-of-band reply, which the history does not keep
     taken_back: bool = False  # the caller went on at its start: it left the history (session.take_back_ms)

@@ -267,7 +267,9 @@ class Replies:
         back once the turn has sent audio)."""
         code = (reply.error or "engine_error").split(":", 1)[0]
         await reply.send(self.outbound, ErrorEvent(code, f"the reply failed: {reply.error}", reply.turn.turn_id))
-        if reply.ledger.produced or not reply.speaks:
+        ack = self.toolbox.config.acknowledgement.strip() if self.toolbox is not None else ""
+        acknowledged_only = bool(ack) and not reply.runs and reply.ledger.full_text().strip() == ack
+        if (reply.ledger.produced and not acknowledged_only) or not reply.speaks:
             return
         tts, apology = self.backends.tts, self.config.session.apology
         chunks = await self.backends.tts_worker.run(lambda: list(tts.synthesize(apology)))
@@ -281,6 +283,7 @@ class Replies:
         if reply.finished:
             return
         reply.end()
+        reply.status = status
         if self.current is reply:
             self.current = None
         if self.current is None:  # no reply runs: the LLM owes this call nothing

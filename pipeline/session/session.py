@@ -177,10 +177,12 @@ class Session:
             task.cancel()
         if self.tool_calls is not None:
             self.tool_calls.close()
-        await self.replies.cancel("interrupted", send=False, keep=True)
-        await self.conversation.aclose()
-        if self.weigher is not None:
-            await self.weigher.aclose()
+        try:
+            await self.replies.cancel("interrupted", send=False, keep=True)
+            await self.conversation.aclose()
+        finally:
+            if self.weigher is not None:
+                await self.weigher.aclose()
 
     async def _on_input(self, event: InputEvent) -> None:
         if isinstance(event, SpeechStarted):
@@ -307,7 +309,8 @@ class Session:
         """The caller paused, and their words so far are transcribed: the language model's
         probability that their sentence ends there goes to the end-of-turn judge, unless the
         transcript cannot be trusted as evidence (pipeline/transcript_trust.py); then the reply
-        starts preemptively on those words (from the cache that computation left: one prefill)."""
+        starts preemptively on those words (from the cache that computation left: one prefill; in a
+        call whose words are weighed on another model, from the last head start on the words)."""
         probability, judge = None, self.judge
         untrusted = doubt(early.text, early.speech_s, early.avg_logprob, early.no_speech_prob)
         if untrusted is not None:

@@ -131,7 +131,9 @@ class ToolCalls:
         cfg, turn, replies = self.toolbox.config, reply.turn, self.replies
         await reply.produced.wait()
         runs = list(reply.run_tasks)
-        if not all(t.done() for t in runs) and replies.current in (None, reply):
+        if (not all(t.done() for t in runs) and replies.current in (None, reply)
+                and reply.status in (None, "tool_calls") and self.book.answering == turn.turn_id
+                and not self.book.closed):
             # While the tools run: prefill the follow-up up to where the first result goes, so that
             # the follow-up computes only the results' tokens (and the few closing ones).
             said = ChatMessage("assistant", reply.ledger.full_text(), tuple(r.call for r in reply.runs))

@@ -11,7 +11,7 @@ from models.llm.tool_calls import ToolCall
 from models.protocols import ChatMessage, GenerationDone, GenerationStats, SamplingParams, ToolCallDelta, ToolCallOutput
 from pipeline.chunker import chunk_stage
 from pipeline.config import ChunkerConfig
-from pipeline.events import Phrase, ReplyRequest, ReplyToolCall, ReplyToolCallDelta
+from pipeline.events import Phrase, ReplyFinished, ReplyRequest, ReplyToolCall, ReplyToolCallDelta
 from pipeline.llm_stage import llm_stage
 
 
@@ -67,3 +67,24 @@ async def test_a_call_begun_before_any_word_is_acknowledged_as_a_phrase_before_t
 async def test_no_acknowledgement_before_end_call() -> None:
     seen, _ = await first_events("end_call")
     assert not any(isinstance(e, Phrase) for e in seen)
+
+
+class FakeCutOffCall:
+    """A fake conversation: begins a call and stops there (the token limit), writing none."""
+
+    async def stream(self, messages: object, params: object, tools: object) -> AsyncGenerator[object, None]:
+        yield ToolCallDelta("call_1", "order_status", '{"order_number": ')
+        yield GenerationDone(GenerationStats(finish_reason="length"))
+
+
+async def test_an_acknowledged_call_that_is_never_finished_fails_the_reply() -> None:
+    """"One moment." and no call after it must not leave the caller waiting: the reply fails (and
+    the session says its apology after the acknowledgement)."""
+    async def one() -> AsyncGenerator[ReplyRequest, None]:
+        yield ReplyRequest(1, (ChatMessage("user", "Where is my order?"),), 0.0)
+
+    stage = llm_stage(one(), FakeCutOffCall(), SamplingParams(), MonotonicClock(), None,  # type: ignore[arg-type]
+                      lambda tool: "One moment.")
+    events = [e async for e in stage]
+    finished = [e for e in events if isinstance(e, ReplyFinished)]
+    assert len(finished) == 1 and finished[0].error is not None and "did not finish" in finished[0].error

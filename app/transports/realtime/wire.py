@@ -50,10 +50,11 @@ class RealtimeWire:
         self.pending_outputs: list[tuple[str, str]] = []  # function_call_output items, given at response.create
         self.buffer: list[np.ndarray] = []  # turn_detection null: the caller's audio until they commit it
         self.buffered = 0  # its samples
-        # The call's tools: the client's (session.tools) and the server's own. No spoken filler while a
-        # call runs: a Realtime client waits for its function's result in silence, or speaks its own.
+        # The call's tools: the client's (session.tools) and the server's own. No spoken filler or
+        # acknowledgement while a call runs: a Realtime client waits for its function's result in
+        # silence, or speaks its own (OpenAI's says only what its model writes).
         self.toolbox = call.runtime.toolbox()
-        self.toolbox.config = self.toolbox.config.model_copy(update={"filler": ""})
+        self.toolbox.config = self.toolbox.config.model_copy(update={"filler": "", "acknowledgement": ""})
         self.event_id: str | None = None  # the client event being handled, for its error
         self.param: str | None = None  # the field it got wrong
         self.limit = call.runtime.settings.realtime.max_event_bytes
