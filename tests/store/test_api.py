@@ -29,7 +29,8 @@ TURN_KEYS = {"turn_id", "at", "offset_s", "user_text", "generated_text", "sent_t
              "latency_ms", "voice_to_voice_ms", "spec", "error", "barge_in", "dtmf", "deadline_missed", "underruns",
              "tool_calls"}
 SPEC_KEYS = {"method", "drafts", "draft_tokens", "accepted_tokens", "accepted_per_position", "k_chosen",
-             "tokens_per_second", "acceptance_rate", "completion_tokens", "time_to_first_token_ms"}
+             "tokens_per_second", "acceptance_rate", "completion_tokens", "time_to_first_token_ms",
+             "prompt_tokens", "prefill_tokens", "steps"}  # the prompt's cost, per LLM step too (docs/qa.md)
 
 
 async def _fill(tmp: Path) -> None:
