@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bench.tool_set import DAYS, SPOKEN_TOOLS
-
-Call = tuple[str, dict[str, Any]]
+from bench.tool_set import DAYS, SPOKEN_TOOLS, Call, _book, _cancel, _hours, _order
 
 WIDE_TOOLS: list[dict[str, Any]] = [
     *SPOKEN_TOOLS,
@@ -44,22 +42,6 @@ class Request:
     calls: tuple[Call, ...]  # the calls a careful operator makes (none: no tool can or need serve it)
     split: str  # tune | held
     kind: str = "tool"  # tool | uncheckable (no declared tool covers it) | chat (needs no tool)
-
-
-def _book(n: int, day: str, time: str) -> Call:
-    return ("book_table", {"party_size": n, "day": day, "time": time})
-
-
-def _order(number: str) -> Call:
-    return ("order_status", {"order_number": number})
-
-
-def _hours(store: str, day: str) -> Call:
-    return ("opening_hours", {"store": store, "day": day})
-
-
-def _cancel(month: str, day: int) -> Call:
-    return ("cancel_appointment", {"month": month, "day": day})
 
 
 def _weather(city: str, day: str) -> Call:

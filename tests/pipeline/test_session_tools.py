@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 import httpx
@@ -418,12 +418,12 @@ LOOK_UP = Tool("order_status", "Look up an order.", LOOKUP["parameters"], read_o
 CANCEL = Tool("cancel_order", "Cancel an order.", LOOKUP["parameters"])  # type: ignore[arg-type]
 
 
-async def pause_then_go_on(session: Session, llm: FakeLLM) -> None:
-    """The caller pauses (a preemptive reply starts on the words so far and writes its call), then
-    speaks again and stops."""
+async def pause_then_go_on(session: Session, written: Callable[[], object]) -> None:
+    """The caller pauses (a preemptive reply starts on the words so far and writes its call: once
+    `written()` is true), then speaks again and stops."""
     await speak(session, 0.5, True)
     await speak(session, 0.2, False)  # a pause: the turn is not over
-    await until(lambda: llm.requests)
+    await until(written)
     await speak(session, 0.5, True)
     await speak(session, 0.6, False)
 
@@ -437,7 +437,7 @@ async def test_a_tool_that_acts_never_runs_for_a_reply_that_was_dropped(tool_ser
         session = remade(session, toolbox=ToolBox(ToolsConfig(), session.clock, [HttpTool(CANCEL, base + "/cancel")],
                                                   http))
         task = asyncio.create_task(session.run())
-        await pause_then_go_on(session, llm)
+        await pause_then_go_on(session, lambda: llm.requests)
         await out.wait(lambda: any(d.status == "completed" for d in done_events(out)), timeout=10)
         await session.audio_in.put(None)
         await task
@@ -454,11 +454,7 @@ async def test_a_read_only_tool_runs_at_the_pause_and_its_result_is_thrown_away_
         session = remade(session, toolbox=ToolBox(ToolsConfig(), session.clock, [HttpTool(LOOK_UP, base + "/orders")],
                                                   http))
         task = asyncio.create_task(session.run())
-        await speak(session, 0.5, True)
-        await speak(session, 0.2, False)
-        await until(lambda: seen)  # looked up during the pause, before the turn was known to be over
-        await speak(session, 0.5, True)
-        await speak(session, 0.6, False)
+        await pause_then_go_on(session, lambda: seen)  # looked up during the pause, before the turn was over
         await out.wait(lambda: any(d.status == "completed" for d in done_events(out)), timeout=10)
         await session.audio_in.put(None)
         await task
