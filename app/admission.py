@@ -40,6 +40,24 @@ def call_refusal(runtime: Runtime, *, needs_slot: bool = True) -> Refusal | None
     return None
 
 
+async def admit_call(runtime: Runtime, wait_s: float) -> Refusal | None:
+    """`call_refusal` for a call that takes its slot now, except that a call finding every slot taken
+    waits up to `wait_s` (server.admission_wait_s) for one to be given back: a caller who hung up a
+    moment ago may still hold one (the server hears the hang-up after the caller has redialled).
+    None: admitted, and the caller must take the slot (`Runtime.open_session`) before its next await."""
+    deadline = runtime.clock.now() + wait_s
+    while True:
+        refused = call_refusal(runtime)
+        if refused is None or refused.code != "server_busy":
+            return refused
+        left = deadline - runtime.clock.now()
+        if left <= 0 or not await runtime.slot_released(left):
+            break
+    limit = runtime.settings.server.max_sessions
+    waited = f" (waited {wait_s:g} s for one, server.admission_wait_s)" if wait_s > 0 else ""
+    return Refusal("server_busy", f"all {limit} call slots are taken{waited}; try again later")
+
+
 def request_refusal(runtime: Runtime) -> Refusal | None:
     """The admission checks of a /v1 generation: models not loaded, a draining server, every
     generation slot taken (server.max_api_requests; 429, to be retried)."""

@@ -167,6 +167,17 @@ class VoiceClient:
     def audio_between(self, start: int, end: int | None = None) -> bytes:
         return b"".join(r.audio for r in self.received[start:end] if r.audio is not None)
 
+    @property
+    def close_reason(self) -> str | None:
+        """Why the server closed the socket (a refusal's reason), once it has."""
+        return getattr(self._ws, "close_reason", None)
+
+    async def hang_up(self) -> None:
+        """Close the socket at once, saying nothing first: a caller who hangs up."""
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                await self._ws.close()
+
     async def close(self, end: bool = True) -> None:
         if self._ws is None:
             return

@@ -59,6 +59,7 @@ class Runtime:
     telnyx_tokens: StreamTokens = field(init=False)  # Telnyx: one-use stream tokens, and the used ones
     server_tools: list[HttpTool] = field(default_factory=list)  # tools.file: the HTTP tools the server runs
     http: httpx.AsyncClient | None = None  # calls them (made with the first call that has some)
+    _released: asyncio.Event | None = field(default=None, init=False, repr=False)  # set when a call slot comes free
 
     def __post_init__(self) -> None:
         url = self.settings.server.redis_url
@@ -94,6 +95,21 @@ class Runtime:
         transport = self.sessions.pop(session_id, None)
         if transport is not None:
             self._count_active(transport)
+            released, self._released = self._released, None
+            if released is not None:
+                released.set()  # a call waiting for a slot (app/admission.py) looks again
+
+    async def slot_released(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for a call slot to be given back; False when none was."""
+        if self._released is None:
+            self._released = asyncio.Event()
+        released = self._released
+        try:
+            async with asyncio.timeout(timeout_s):
+                await released.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def _count_active(self, transport: str) -> None:
         self.metrics.active_sessions.labels(transport).set(sum(t == transport for t in self.sessions.values()))

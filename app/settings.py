@@ -74,6 +74,10 @@ class ServerConfig(BaseModel):
     max_connections_per_minute: int = Field(
         30, ge=1, description="new /ws connections per client (key, or address without one) a minute; more are "
         "closed with 1013")
+    admission_wait_s: float = Field(
+        2.0, ge=0, le=30, description="a new call that finds every call slot (server.max_sessions) or its client's "
+        "places (max_calls_per_client, max_calls_per_key) taken waits up to this long for one to be released before "
+        "it is refused: a caller who hangs up and dials again at once is let in (0: refuse at once)")
     max_calls_per_client: int = Field(
         4, ge=1, description="/ws calls in progress per client address (without a key); more are closed with 1013")
     max_calls_per_key: int = Field(

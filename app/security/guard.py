@@ -243,17 +243,18 @@ class Guard:
             reason = (f"too many new connections: {self.server.max_connections_per_minute} a minute "
                       f"(server.max_connections_per_minute); retry in {RateLimiter.retry_after(wait)} s")
             return await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
-        slot = await (self.key_calls if owner else self.address_calls).enter(client)
+        slot = await (self.key_calls if owner else self.address_calls).enter(client, self.server.admission_wait_s)
         if slot is None:
+            waited = f"; none ended within {self.server.admission_wait_s:g} s"  # a close reason: <= 123 bytes
             reason = (f"too many calls in progress with your key: {self.server.max_calls_per_key} "
-                      "(server.max_calls_per_key)" if owner else
+                      f"(server.max_calls_per_key){waited}" if owner else
                       f"too many calls in progress from your address: {self.server.max_calls_per_client} "
-                      "(server.max_calls_per_client)")
+                      f"(server.max_calls_per_client){waited}")
             return await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
         scope[CLIENT_KEY], scope[CLIENT_SLOT] = client, slot
         scope[RATE_LIMITS] = lambda: self._standing(client)  # a coroutine
         try:
-            await self._idle_guarded(scope, receive, send)
+            await self._idle_guarded(scope, receive, send, on_gone=slot.release)
         finally:
             slot.release()  # if the route has not already: the caller hung up
 
@@ -277,8 +278,9 @@ class Guard:
         scope[CLIENT_KEY] = address
         await self._idle_guarded(scope, receive, send)
 
-    async def _idle_guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
-        idle = IdleSocket(receive, send, self.server.idle_timeout_s)
+    async def _idle_guarded(self, scope: Scope, receive: Receive, send: Send,
+                            on_gone: Callable[[], None] | None = None) -> None:
+        idle = IdleSocket(receive, send, self.server.idle_timeout_s, on_gone)
         await self.app(scope, idle.receive, idle.send)
 
 
@@ -336,12 +338,15 @@ async def _accept_and_close(receive: Receive, send: Send, code: int, reason: str
 
 class IdleSocket:
     """Closes a WebSocket that sends nothing for `timeout_s`; the route then hears a disconnect,
-    and what it sends after that is dropped."""
+    and what it sends after that is dropped. `on_gone` is called the moment the caller's disconnect
+    passes through (the client's place in its count is given back there, before the route's clean-up)."""
 
-    def __init__(self, receive: Receive, send: Send, timeout_s: float) -> None:
+    def __init__(self, receive: Receive, send: Send, timeout_s: float,
+                 on_gone: Callable[[], None] | None = None) -> None:
         self._receive = receive
         self._send = send
         self.timeout_s = timeout_s
+        self.on_gone = on_gone
         self.closed = False
 
     async def receive(self) -> Message:
@@ -349,7 +354,10 @@ class IdleSocket:
             return {"type": "websocket.disconnect", "code": CLOSE_GOING_AWAY}
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self._receive()
+                message = await self._receive()
+            if message["type"] == "websocket.disconnect" and self.on_gone is not None:
+                self.on_gone()
+            return message
         except TimeoutError:
             if self.closed:
                 return {"type": "websocket.disconnect", "code": CLOSE_GOING_AWAY}

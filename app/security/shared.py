@@ -9,6 +9,7 @@ and a one-use token is refused (it cannot be known unused): a caller is told to 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import secrets
@@ -120,6 +121,7 @@ for i = 2, #ARGV do
 end
 return 1
 """
+POLL_S = 0.1  # a call waiting for a client's place asks Redis again this often (another replica's may come free)
 LEASE_S = 60.0  # a call's place lapses this long after its replica last renewed it (a replica that died)
 
 
@@ -139,24 +141,59 @@ class SharedCallCounter:
         self.held: dict[str, str] = {}  # lease -> its client's key
         self._renewer: asyncio.Task[None] | None = None
         self._leaving: set[asyncio.Task[None]] = set()
+        self._freed: asyncio.Event | None = None  # set when this replica gives a place back
 
-    async def enter(self, client: str) -> Slot | None:
-        """A place for a new call of `client`, or None when it has `limit` calls already."""
+    async def enter(self, client: str, wait_s: float = 0.0) -> Slot | None:
+        """A place for a new call of `client`, or None when it has `limit` calls already and none is
+        given back within `wait_s` (server.admission_wait_s): the call its caller just hung up on may
+        not have been heard ending yet. Places given back on this replica wake the wait at once;
+        another replica's are seen by asking Redis again every POLL_S."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            slot = await self._try_enter(client)
+            left = deadline - asyncio.get_running_loop().time()
+            if slot is not None or left <= 0:
+                return slot
+            if self._freed is None:
+                self._freed = asyncio.Event()
+            freed = self._freed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(left, POLL_S) if self.redis is not None else left):
+                    await freed.wait()
+
+    def _wake(self) -> None:
+        freed, self._freed = self._freed, None
+        if freed is not None:
+            freed.set()
+
+    async def _try_enter(self, client: str) -> Slot | None:
         if self.redis is None or not self.limit:  # no limit: nothing to share
-            return self.memory.enter(client)
+            return self._woken(self.memory.enter(client))
         key, lease = f"{KEY_PREFIX}calls:{self.name}:{client}", secrets.token_hex(12)
         try:
             entered = await self._enter(keys=[key], args=[self.limit, self.lease_s, lease])
         except (RedisError, OSError) as exc:
             log.warning("Redis cannot be reached for the %s count (%s): this replica counts the call alone",
                         self.name, exc)
-            return self.memory.enter(client)
+            return self._woken(self.memory.enter(client))
         if not entered:
             return None
         self.held[lease] = key
         if self._renewer is None or self._renewer.done():
             self._renewer = asyncio.create_task(self._renew_leases(), name=f"renew-{self.name}")
         return Slot(lambda: self._leave(key, lease))
+
+    def _woken(self, slot: Slot | None) -> Slot | None:
+        """The memory count's place, which wakes the calls waiting for one when it is given back."""
+        if slot is None:
+            return None
+        inner = slot
+
+        def release() -> None:
+            inner.release()
+            self._wake()
+
+        return Slot(release)
 
     def _leave(self, key: str, lease: str) -> None:
         self.held.pop(lease, None)
@@ -171,6 +208,7 @@ class SharedCallCounter:
         except (RedisError, OSError) as exc:  # it lapses on its own within lease_s
             log.warning("Redis cannot be reached to free a %s place (%s); it lapses in %.0f s", self.name, exc,
                         self.lease_s)
+        self._wake()  # a call of this replica waiting for the place looks again
 
     async def _renew_leases(self) -> None:
         while self.held:

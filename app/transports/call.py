@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from fastapi import WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketState
 
-from app.admission import Refusal, call_refusal
+from app.admission import Refusal, admit_call, call_refusal
 from app.call_log import CallLog
 from app.runtime import Runtime
 from app.security.guard import client_slot
@@ -134,7 +134,10 @@ class Call:
     async def serve(self, *, take_slot: bool = True, subprotocol: str | None = None) -> None:
         """Accept the socket, admit the call (or close it with the reason), run it to its end."""
         await self.websocket.accept(subprotocol=subprotocol)
-        refused = call_refusal(self.runtime, needs_slot=take_slot)
+        if take_slot:
+            refused = await admit_call(self.runtime, self.settings.admission_wait_s)
+        else:
+            refused = call_refusal(self.runtime, needs_slot=False)
         if refused is not None:
             log.warning("%s: call refused: %s", self.label, refused.message)
             await self.tell(refused.code, refused.message)
@@ -152,9 +155,10 @@ class Call:
             log.info("%s closed: %d replies, %d deadline misses, %d underruns", self.label, self.turns,
                      self.deadline_misses, self.underruns)
 
-    def admit(self) -> Refusal | None:
-        """Take a call slot now, unless the call may not start (then nothing is taken)."""
-        refused = call_refusal(self.runtime)
+    async def admit(self) -> Refusal | None:
+        """Take a call slot now (waiting up to server.admission_wait_s for one to come free), unless
+        the call may not start (then nothing is taken)."""
+        refused = await admit_call(self.runtime, self.settings.admission_wait_s)
         if refused is None:
             self.open()
         return refused

@@ -11,6 +11,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from app.main import create_app
 from app.settings import ServerConfig, Settings
@@ -27,7 +28,7 @@ def fake_app(**server: Any) -> FastAPI:
 
 
 @contextmanager
-def live(app: FastAPI) -> Iterator[str]:
+def live(app: ASGIApp) -> Iterator[str]:
     """Serves `app`; yields its address as host:port."""
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
                                            proxy_headers=False))

@@ -1,7 +1,12 @@
 """Admission from outside, on the default limits, over a real socket (fake engines, named as fakes,
 whose clean-up after a call takes 0.5 s, as the real ASR and LLM's do): callers who hang up and call
 again at once are answered, whether they share one address (a call centre behind one gateway,
-never more than server.max_calls_per_client open) or fill every call slot (server.max_sessions)."""
+never more than server.max_calls_per_client open) or fill every call slot (server.max_sessions).
+
+The server hears each hang-up 0.3 s late (`LateHangUps`, a fake of a server whose loop is busy with
+the models): the real server heard the close after the caller had already redialled, and refused
+the redial, while a server with nothing else to do heard it first. server.admission_wait_s lets the
+redial wait for the place being given back."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from websockets.asyncio.client import connect
 
 from app.main import create_app
@@ -23,6 +29,27 @@ START = json.dumps({"type": "session.start", "audio": {"sample_rate": 16000}})
 SPEECH = [np.full(320, 8000, dtype="<i2").tobytes()] * 25 + [np.zeros(320, dtype="<i2").tobytes()] * 40
 
 
+class LateHangUps:
+    """A fake of a busy server (named as a fake) around the app: each caller's hang-up reaches the app
+    `delay_s` after the caller saw its socket closed."""
+
+    def __init__(self, app: ASGIApp, delay_s: float) -> None:
+        self.app = app
+        self.delay_s = delay_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "websocket":
+            return await self.app(scope, receive, send)
+
+        async def late() -> Message:
+            message = await receive()
+            if message["type"] == "websocket.disconnect":
+                await asyncio.sleep(self.delay_s)
+            return message
+
+        await self.app(scope, late, send)
+
+
 @pytest.fixture(scope="module")
 def address() -> Iterator[str]:
     backends = fake_backends(0.001)
@@ -30,7 +57,7 @@ def address() -> Iterator[str]:
     settings = Settings(storage=StorageConfig(enabled=False))
     defaults = settings.server
     assert (defaults.max_sessions, defaults.max_calls_per_client) == (8, 4)  # what this test is about
-    with live(create_app(settings, backends=backends)) as served:
+    with live(LateHangUps(create_app(settings, backends=backends), 0.3)) as served:
         yield served
 
 

@@ -205,7 +205,7 @@ class PhoneWire:
                             "used or expired)")
             call.end_reason = "refused"
             return await call.close(CLOSE_POLICY)
-        refused = call.admit()
+        refused = await call.admit()
         if refused is not None:
             await call.tell(refused.code, refused.message)
             call.end_reason = "refused"
