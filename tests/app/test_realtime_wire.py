@@ -245,6 +245,74 @@ async def test_an_audio_message_item_is_transcribed_and_answered() -> None:
     await asyncio.wait_for(task, 5)
 
 
+class FakeBrokenRecognizer(FakeRecognizer):
+    """A fake recognizer that fails the first `failures` times, with an exception that is not one of
+    the project's (a library's own error), then hears its scripted transcripts."""
+
+    def __init__(self, finals: list[str], failures: int) -> None:
+        super().__init__(finals)
+        self.failures = failures
+
+    def transcribe(self, audio: Any, beam_size: int | None = None) -> str:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("CUDA failed with error out of memory at /models/whisper/model.bin")
+        return super().transcribe(audio, beam_size)
+
+
+def with_broken_recognizer(call: Call, failures: int) -> None:
+    backends = call.runtime.backends
+    assert backends is not None
+    backends.asr = FakeBrokenRecognizer(["What is the capital of Italy?"], failures)
+
+
+async def test_a_recognizer_failure_on_a_committed_buffer_ends_that_turn_with_an_error_and_the_call_goes_on() -> None:
+    call, socket, llm = make_call()
+    with_broken_recognizer(call, 1)
+    task = asyncio.create_task(call.serve())
+    socket.send(type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}})
+    await until(socket, "session.updated")
+    for chunk in speech(24000):
+        socket.send(type="input_audio_buffer.append", audio=chunk)
+    socket.send(type="input_audio_buffer.commit", event_id="evt_commit")
+    failed = await until(socket, "conversation.item.input_audio_transcription.failed")
+    assert failed["error"]["code"] == "transcription_failed"
+    error = (await until(socket, "error"))["error"]
+    assert (error["type"], error["code"], error["event_id"]) == ("server_error", "transcription_failed", "evt_commit")
+    assert "CUDA" not in error["message"] and "/models" not in error["message"]  # the detail stays in the log
+    assert not task.done()  # the call goes on: the same turn again is heard and answered
+    for chunk in speech(24000):
+        socket.send(type="input_audio_buffer.append", audio=chunk)
+    socket.send(type="input_audio_buffer.commit")
+    transcript = await until(socket, "conversation.item.input_audio_transcription.completed")
+    assert transcript["transcript"] == "What is the capital of Italy?"
+    socket.send(type="response.create")
+    assert (await until(socket, "response.done"))["response"]["status"] == "completed"
+    assert [m.content for m in llm.requests[0][1:]] == ["What is the capital of Italy?"]
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+    assert call.errors == 0  # the server's failure is not counted against the client
+
+
+async def test_a_recognizer_failure_on_an_audio_message_is_an_error_event_and_the_call_goes_on() -> None:
+    call, socket, llm = make_call()
+    with_broken_recognizer(call, 1)
+    task = asyncio.create_task(call.serve())
+    audio = base64.b64encode(b"".join(base64.b64decode(c) for c in speech(24000))).decode()
+    item = {"type": "message", "role": "user", "content": [{"type": "input_audio", "audio": audio}]}
+    socket.send(type="conversation.item.create", event_id="evt_item", item=item)
+    error = (await until(socket, "error"))["error"]
+    assert (error["type"], error["code"], error["param"]) == ("server_error", "transcription_failed",
+                                                              "item.content.audio")
+    socket.send(type="conversation.item.create", item=item)
+    added = await until(socket, "conversation.item.added")
+    assert added["item"]["content"] == [{"type": "input_audio", "transcript": "What is the capital of Italy?"}]
+    socket.send(type="response.create")
+    assert (await until(socket, "response.done"))["response"]["status"] == "completed"
+    socket.inbox.put_nowait({"type": "websocket.disconnect"})
+    await asyncio.wait_for(task, 5)
+
+
 async def test_a_typed_message_and_response_create_get_a_spoken_reply() -> None:
     call, socket, llm = make_call()
     task = asyncio.create_task(call.serve())

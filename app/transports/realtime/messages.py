@@ -35,6 +35,12 @@ class RealtimeError(ValueError):
         self.param = param
 
 
+class ServerFailure(RealtimeError):
+    """The server failed on a client event (the recognizer, say): not the client's fault, so it is told
+    with an error of type server_error and not counted against it (server.max_protocol_errors). The
+    message says what to do; the detail stays in the server's log."""
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
 

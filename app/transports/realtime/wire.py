@@ -23,7 +23,14 @@ from app.security.guard import MINTED_SESSION, rate_limits
 from app.transports.call import Call, Message
 from app.transports.realtime.idle import IdleTimer
 from app.transports.realtime.items import item_message
-from app.transports.realtime.messages import Dialect, RealtimeError, error_event, message_item, new_id
+from app.transports.realtime.messages import (
+    Dialect,
+    RealtimeError,
+    ServerFailure,
+    error_event,
+    message_item,
+    new_id,
+)
 from app.transports.realtime.outbound import RealtimeOutbound
 from app.transports.realtime.settings import RealtimeSettings, parse_modalities
 from core.errors import ConfigError
@@ -102,6 +109,11 @@ class RealtimeWire:
             return True
         try:
             await handler(self, event)
+        except ServerFailure as exc:  # ours, not the client's: told, not counted, and the call goes on
+            self.param = exc.param
+            self.call.runtime.metrics.error(exc.code)
+            await self.call.writer.text(json.dumps(error_event(self.dialect, exc.code, str(exc), kind="server_error",
+                                                               param=exc.param, event_id=self.event_id)))
         except RealtimeError as exc:
             await self._refuse(exc.code, str(exc), exc.param)
         return True
@@ -142,11 +154,19 @@ class RealtimeWire:
                                 param)
         return pcm16_to_float(data if fmt == "pcm" else mulaw_to_pcm16(data) if fmt == "pcmu" else alaw_to_pcm16(data))
 
-    async def _transcribe(self, samples: np.ndarray) -> str:
+    async def _transcribe(self, samples: np.ndarray, param: str | None = None) -> str:
+        """The server's Whisper on the client's audio; whatever the recognizer raises ends this event
+        with a ServerFailure (an error event), never the call."""
         backends = self.call.runtime.backends
         assert backends is not None
         audio = resample(samples, self.settings.input_rate, backends.asr.sample_rate)
-        text: str = await backends.asr_worker.run(backends.asr.transcribe, audio)
+        try:
+            text: str = await backends.asr_worker.run(backends.asr.transcribe, audio)
+        except Exception as exc:
+            log.error("%s: the recognizer failed on %.1f s of the client's audio: %r", self.label,
+                      len(samples) / self.settings.input_rate, exc, exc_info=exc)
+            raise ServerFailure("transcription_failed", "the speech recognizer failed on this audio, so nothing was "
+                                "added for it; send it again, or the words as text", param) from exc
         return text.strip()
 
     async def audio_append(self, event: dict[str, Any]) -> None:
@@ -184,7 +204,13 @@ class RealtimeWire:
         await self._send("input_audio_buffer.committed", item_id=item_id, previous_item_id=outbound.last_item)
         await outbound.add_item(message_item(item_id, "user", "completed", [{"type": "input_audio",
                                                                              "transcript": None}]))
-        text = await self._transcribe(audio)
+        try:
+            text = await self._transcribe(audio)
+        except ServerFailure as exc:  # the item stays, without a transcript, as OpenAI's does
+            await self._send("conversation.item.input_audio_transcription.failed", item_id=item_id, content_index=0,
+                             error={"type": "transcription_error", "code": exc.code, "message": str(exc),
+                                    "param": None})
+            raise
         await outbound.transcribed(item_id, text, len(audio) / rate)
         if text:
             self.pending_text.append((item_id, text))
@@ -220,7 +246,8 @@ class RealtimeWire:
                 texts.append(part["text"])
                 parts.append({"type": "input_text", "text": part["text"]})
             elif kind == "input_audio":  # transcribed by the server's Whisper, as a spoken turn is
-                heard = await self._transcribe(self._samples(part.get("audio"), "item.content.audio"))
+                heard = await self._transcribe(self._samples(part.get("audio"), "item.content.audio"),
+                                               "item.content.audio")
                 texts.append(heard)
                 parts.append({"type": "input_audio", "transcript": heard})
             else:
@@ -378,7 +405,8 @@ class RealtimeWire:
         parts = []
         for part in content:
             if isinstance(part, dict) and part.get("type") == "input_audio" and part.get("audio") is not None:
-                heard = await self._transcribe(self._samples(part["audio"], f"{param}.content.audio"))
+                heard = await self._transcribe(self._samples(part["audio"], f"{param}.content.audio"),
+                                               f"{param}.content.audio")
                 part = {"type": "input_audio", "transcript": heard}
             parts.append(part)
         return {**item, "content": parts}
