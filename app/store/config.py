@@ -40,6 +40,10 @@ class StorageConfig(BaseModel):
         10000, ge=1, description="records waiting to be written; beyond it new ones are dropped (logged, counted in "
         "voice_agent_store_dropped_total) rather than ever making a call wait")
     purge_interval_s: float = Field(3600.0, gt=0, description="how often calls past retention_days are deleted")
+    write_retry_s: float = Field(
+        60.0, ge=0, description="a write that fails for a passing reason (the database restarting or out of reach, "
+        "a locked SQLite file) is tried again, ever less often, for this long before its record is dropped (logged, "
+        "counted as write_failed); the records behind it wait in the queue meanwhile")
 
     @field_validator("url")
     @classmethod

@@ -76,7 +76,8 @@ class CallStore:
         self._engine = make_engine(url)
         await upgrade(self._engine)
         self._sessions = async_sessionmaker(self._engine, expire_on_commit=False)
-        self._writer = Writer(self._sessions, self._clock, self.config.max_pending, self._on_drop)
+        self._writer = Writer(self._sessions, self._clock, self.config.max_pending, self._on_drop,
+                              retry_s=self.config.write_retry_s)
         self._writer.start()
         if self.config.retention_days > 0:
             self._purger = asyncio.create_task(self._purge_periodically(), name="call-store-purge")

@@ -1,7 +1,12 @@
 """The store's one writer: records handed over on the audio path wait on a bounded queue, and one
 task writes them in order, each in its own short transaction, as soon as it can. Handing a record
 over costs a queue append (about a microsecond) and never waits: when the queue is full the record
-is dropped, logged and counted, so a slow or unreachable database can never stall a call."""
+is dropped, logged and counted, so a slow or unreachable database can never stall a call.
+
+A write that fails for a passing reason (the database restarting, out of reach, out of connections;
+a locked SQLite file) is tried again, ever less often, for up to storage.write_retry_s (60 s: a
+PostgreSQL restart), while the records behind it wait their turn; past that its record is dropped
+and counted, and the writer goes on with the next. A record the database refuses is dropped at once."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.store.records import CallRecord, TurnRecord
@@ -24,7 +30,12 @@ from core.clock import Clock
 
 log = logging.getLogger(__name__)
 MAX_TALLIES = 1024  # calls whose turns' figures are kept in memory (live calls; more are read back)
-RETRY_DELAYS_S = (0.2, 1.0, 5.0)  # a lost connection or a locked SQLite file: tried again this many times
+RETRY_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # the waits between the tries of a failing write; the last repeats
+RETRY_S = 60.0  # storage.write_retry_s: how long a failing write is tried again
+# SQLSTATE classes of a server that cannot take the write now: 08 connection exception, 53 insufficient
+# resources (too many connections), 57P operator intervention (shutting down, "the database system is
+# starting up")
+TRANSIENT_SQLSTATES = ("08", "53", "57P")
 
 
 @dataclass(frozen=True)
@@ -57,9 +68,10 @@ Op = CallStarted | TurnEnded | CallEnded | RecordingSaved
 
 class Writer:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], clock: Clock, max_pending: int,
-                 on_drop: Callable[[str], None] | None = None) -> None:
+                 on_drop: Callable[[str], None] | None = None, retry_s: float = RETRY_S) -> None:
         self._sessions = sessions
         self._clock = clock
+        self.retry_s = retry_s
         self._queue: asyncio.Queue[Op] = asyncio.Queue(max_pending)
         self._on_drop = on_drop
         self._task: asyncio.Task[None] | None = None
@@ -111,16 +123,33 @@ class Writer:
                 self._queue.task_done()
 
     async def _write_with_retries(self, op: Op) -> None:
-        for delay in (*RETRY_DELAYS_S, None):
+        """Write the record, trying again after a passing failure until retry_s have gone by since the
+        first; then (or for a failure that is not passing) raise the last error."""
+        first_failed: float | None = None
+        tries = 0
+        while True:
             try:
                 await self.write(op)
-                return
-            except (OperationalError, DBAPIError) as exc:
-                transient = isinstance(exc, OperationalError) or exc.connection_invalidated
-                if delay is None or not transient:
+            except Exception as exc:
+                if not transient(exc):
                     raise
-                log.warning("call store: %s; trying again in %.1f s", exc.orig or exc, delay)
+                now = self._clock.now()
+                first_failed = now if first_failed is None else first_failed
+                waited, tries = now - first_failed, tries + 1
+                if waited >= self.retry_s:
+                    log.error("call store: a %s record of call %s could not be written in %d tries over %.1f s "
+                              "(storage.write_retry_s)", type(op).__name__, _call_id(op), tries, waited)
+                    raise
+                delay = min(RETRY_DELAYS_S[min(tries, len(RETRY_DELAYS_S)) - 1], self.retry_s - waited)
+                log.warning("call store: %s; trying again in %.1f s (try %d, failing for %.1f s of at most %.0f s)",
+                            _reason(exc), delay, tries, waited, self.retry_s)
                 await self._clock.sleep(delay)
+            else:
+                if first_failed is not None:
+                    log.warning("call store: the database takes writes again; the %s record of call %s is written "
+                                "after %d failed tries over %.1f s", type(op).__name__, _call_id(op), tries,
+                                self._clock.now() - first_failed)
+                return
 
     async def write(self, op: Op) -> None:
         """One record, one transaction."""
@@ -187,6 +216,34 @@ class Writer:
         if not logged and (self.dropped == 1 or self.dropped % 100 == 0):  # the first, then every 100th
             log.warning("call store: dropped a %s record of call %s (%s); %d dropped so far",
                         type(op).__name__, _call_id(op), why, self.dropped)
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a failed write may succeed when tried again: the database was out of reach, restarting
+    or busy, rather than refusing the record itself."""
+    if isinstance(exc, OSError | PoolTimeout):  # asyncpg raises a refused or reset connection as it is
+        return True
+    if isinstance(exc, OperationalError):  # a locked SQLite file; a connection lost mid-way
+        return True
+    if isinstance(exc, DBAPIError):
+        state = _sqlstate(exc.orig)
+        return exc.connection_invalidated or (state is not None and state.startswith(TRANSIENT_SQLSTATES))
+    return False
+
+
+def _sqlstate(error: BaseException | None) -> str | None:
+    """The PostgreSQL SQLSTATE of a driver's error (asyncpg's is the cause of SQLAlchemy's adapted one)."""
+    while error is not None:
+        state = getattr(error, "sqlstate", None)
+        if isinstance(state, str):
+            return state
+        error = error.__cause__
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    orig = exc.orig if isinstance(exc, DBAPIError) else None
+    return f"{type(orig or exc).__name__}: {orig or exc}"
 
 
 def _call_id(op: Op) -> str:
