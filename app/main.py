@@ -9,13 +9,13 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, Response
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app import health, openai_api, qa_api, qa_pages
-from app.metrics_server import start_metrics_server
+from app.metrics_server import metrics_route, start_metrics_server
 from app.redact import install_log_redaction
 from app.runtime import Runtime
 from app.security import access
@@ -85,9 +85,5 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     async def index() -> FileResponse:
         return FileResponse(STATIC / "index.html")
 
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics(request: Request) -> Response:
-        body, content_type = runtime.metrics.render(request.headers.get("accept", ""))
-        return Response(body, media_type=content_type)
-
+    app.router.routes.append(metrics_route(runtime.metrics.registry))  # behind the guard, as every route
     return app

@@ -1,4 +1,4 @@
-"""The service's own Prometheus metrics (served at /metrics).
+"""The service's own Prometheus metrics (served at /metrics by prometheus_client: app/metrics_server.py).
 
 Latency histograms follow the turn marks; speculative-decoding counters are named after vLLM's
 (`vllm:spec_decode_*`) with the `voice_agent_` prefix, so one dashboard reads both.
@@ -7,7 +7,6 @@ Latency histograms follow the turn marks; speculative-decoding counters are name
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import choose_encoder
 
 from models.protocols import GenerationStats
 from pipeline.events import ResponseDone
@@ -65,7 +64,8 @@ class Metrics:
             "voice_agent_tool_call_errors_total", "Tool calls that failed or timed out", ["tool"], registry=r)
         self.store_dropped = Counter(
             "voice_agent_store_dropped_total",
-            "Call-store records not kept, by reason: queue_full (the database fell behind), write_failed, not_open",
+            "Call-store records not kept, by reason: queue_full (the database fell behind), write_failed, not_open, "
+            "recording_queue_full (a piece of a recording: the disk fell behind, storage.max_recording_pending)",
             ["reason"], registry=r)
         self.tokens_per_second = Histogram(
             "voice_agent_llm_tokens_per_second", "LLM decoding speed per reply",
@@ -128,9 +128,3 @@ class Metrics:
     def error(self, code: str) -> None:
         self.errors.labels(code).inc()
 
-    def render(self, accept: str = "") -> tuple[bytes, str]:
-        """The exposition and its content type, in the format prometheus_client chooses for the
-        scraper's Accept header: OpenMetrics (with exemplars) when it asks for it, as Prometheus does,
-        else the classic text format."""
-        encoder, content_type = choose_encoder(accept)
-        return encoder(self.registry), content_type

@@ -81,8 +81,9 @@ class ServerConfig(BaseModel):
     max_calls_per_client: int = Field(
         4, ge=1, description="/ws calls in progress per client address (without a key); more are closed with 1013")
     max_calls_per_key: int = Field(
-        0, ge=0, description="/ws calls in progress per API key (a gateway's many callers share one key); more are "
-        "closed with 1013; 0: no cap but server.max_sessions")
+        4, ge=0, description="/ws calls in progress per API key (a gateway's many callers share one key); more are "
+        "closed with 1013. Below server.max_sessions, so one leaked key cannot take every call slot: raise it (with "
+        "max_sessions) for a gateway that carries most of the calls; 0: no cap but server.max_sessions")
     max_auth_failures_per_minute: int = Field(
         10, ge=1, description="wrong keys, tokens or login cookies per client address a minute, on every route; "
         "more get 429 (or close 1013) until the minute has passed")

@@ -2,7 +2,8 @@
 the call's start, so that a reviewer hears the overlap at a barge-in.
 
 On the audio path a recorder only appends (time, rate, samples) to a list (about a microsecond); every
-few seconds of audio (`spill_bytes`) the lists are handed to one background thread, which resamples
+few seconds of audio (`spill_bytes`) the lists are handed to one background thread (the store's
+RecordingWriter, app/store/recording_writer.py, shared by every call), which resamples
 them to `rate`, places them on the timeline and writes them as 16-bit PCM into one sparse temporary
 file per channel (a position in the file is a moment in the call; what is never written reads as
 silence). `close()` interleaves the two files into `<data_dir>/recordings/<call>.wav` in that thread.
@@ -11,7 +12,8 @@ A call is recorded for its first `max_s` seconds.
 Memory is bounded per recorder: audio held on the audio path by spill_bytes, audio handed to the
 thread and not yet written by max_behind_bytes. When the disk falls that far behind, new audio is
 dropped instead of queued (the recording has a silent gap there, `dropped_s` long, logged once): a
-slow disk never grows the process.
+slow disk never grows the process. The writer's queue is bounded over all calls too: a piece it drops
+to make room is counted in `dropped_s` as well (a close it drops leaves no recording: close() says None).
 
 Placement:
 - caller audio that arrives at monotonic time `at` ends there: a frame of d seconds starts at at - d.
@@ -39,18 +41,18 @@ import os
 import tempfile
 import threading
 import wave
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 import numpy as np
 
+from app.store.recording_writer import Piece, RecordingWriter
 from models.protocols import Audio
 from pipeline.audio import resample
 
 log = logging.getLogger(__name__)
-_WRITER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="call-recorder")  # one: a recorder's work stays in order
+SHARED_WRITER = RecordingWriter()  # for recorders not given one (the store gives its own, configured)
 Entry = tuple[float, int, Audio | None]  # (at, rate, samples); samples None: the bot was stopped at `at`
 
 
@@ -70,8 +72,10 @@ class _Track:
 
 class CallRecorder:
     def __init__(self, path: Path, started_at: float, *, rate: int = 16000, max_s: float = 3600.0,
-                 spill_bytes: int = 1 << 20, max_behind_bytes: int = 4 << 20, tolerance_s: float = 0.1) -> None:
+                 spill_bytes: int = 1 << 20, max_behind_bytes: int = 4 << 20, tolerance_s: float = 0.1,
+                 writer: RecordingWriter | None = None) -> None:
         self.path = path  # the WAV, written by close()
+        self._writer = writer or SHARED_WRITER
         self.rate = rate
         self._t0 = started_at
         self._max_s = max_s
@@ -117,7 +121,16 @@ class CallRecorder:
         if self._result is None:
             self._closed = True
             caller, bot = self._take()
-            self._result = asyncio.get_running_loop().run_in_executor(_WRITER, self._finish, caller, bot)
+            loop = asyncio.get_running_loop()
+            result: asyncio.Future[Path | None] = loop.create_future()
+            self._result = result
+
+            def finish() -> None:
+                path = self._finish(caller, bot)
+                loop.call_soon_threadsafe(_settle, result, path)
+
+            self._writer.submit(Piece(finish, f"the end of {self.path.name} (without it none of the recording is kept)",
+                                      dropped=lambda: _settle(result, None), cleanup=self._close_files))
         return await asyncio.shield(self._result)
 
     def _take(self) -> tuple[list[Entry], list[Entry]]:
@@ -132,7 +145,10 @@ class CallRecorder:
             return
         with self._behind_lock:
             self.behind_bytes += size
-        _WRITER.submit(self._write_spilled, size, *self._take())
+        caller, bot = self._take()
+        self._writer.submit(Piece(lambda: self._write_spilled(size, caller, bot),
+                                  f"{_seconds(caller, bot):.1f} s of audio of {self.path.name}",
+                                  dropped=lambda: self._spill_dropped(size, caller, bot)))
 
     def _drop_pending(self) -> None:
         """The thread is max_behind_bytes behind: the audio held here is dropped (a bot_stopped mark is
@@ -140,12 +156,19 @@ class CallRecorder:
         if not self.dropped_s:
             log.warning("recording %s: the disk is %d bytes behind; audio is dropped until it catches up",
                         self.path.name, self.behind_bytes)
-        lost = [sum(len(samples) / rate for _, rate, samples in entries if samples is not None)
-                for entries in (self._caller, self._bot)]
-        self.dropped_s += max(lost)  # the stretch of the call the recording misses
+        self.dropped_s += _seconds(self._caller, self._bot)  # the stretch of the call the recording misses
         self._caller.clear()
         self._bot[:] = [e for e in self._bot if e[2] is None]
         self.pending_bytes = 0
+
+    def _spill_dropped(self, size: int, caller: list[Entry], bot: list[Entry]) -> None:
+        """The writer dropped this spill unwritten (its queue was full): a gap, as in _drop_pending. Its
+        bot_stopped marks go back in front of the audio held here, so a barge-in still silences the bot."""
+        with self._behind_lock:
+            self.behind_bytes -= size
+        self.dropped_s += _seconds(caller, bot)
+        if not self._closed:
+            self._bot[:0] = [e for e in bot if e[2] is None]
 
     def _write_spilled(self, size: int, caller: list[Entry], bot: list[Entry]) -> None:
         try:
@@ -237,10 +260,13 @@ class CallRecorder:
             log.exception("recording %s: writing the WAV failed", self.path.name)
             return None
         finally:
-            for track in self._tracks:
-                if track.file is not None:
-                    track.file.close()
-                    track.file = None
+            self._close_files()
+
+    def _close_files(self) -> None:
+        for track in self._tracks:
+            if track.file is not None:
+                track.file.close()
+                track.file = None
 
     @staticmethod
     def _read(track: _Track, first: int, count: int) -> np.ndarray:
@@ -249,3 +275,14 @@ class CallRecorder:
             data = os.pread(track.file.fileno(), 2 * min(count, track.end - first), 2 * first)
             out[: len(data) // 2] = np.frombuffer(data, dtype="<i2")
         return out
+
+
+def _seconds(caller: list[Entry], bot: list[Entry]) -> float:
+    """The stretch of the call the entries cover: the longer of the two channels' audio."""
+    return max(sum(len(samples) / rate for _, rate, samples in entries if samples is not None)
+               for entries in (caller, bot))
+
+
+def _settle(result: asyncio.Future[Path | None], path: Path | None) -> None:
+    if not result.done():
+        result.set_result(path)

@@ -40,6 +40,7 @@ from app.store.objects import Fetched, RecordingBucket, is_object
 from app.store.overview import buckets
 from app.store.queries import CallFilter, CallPage
 from app.store.recording import CallRecorder
+from app.store.recording_writer import RecordingWriter
 from app.store.records import CallRecord, TurnRecord, utc_now
 from app.store.writer import CallEnded, CallStarted, Op, RecordingSaved, TurnEnded, Writer
 from core.clock import Clock, MonotonicClock
@@ -63,6 +64,7 @@ class CallStore:
         self.purge_rounds = 0  # rounds the retention task has finished (purged, waited for another replica, or failed)
         self._saving: set[asyncio.Task[None]] = set()  # recordings being written after their calls ended
         self.bucket: RecordingBucket | None = None  # storage.recordings_url: recordings in object storage
+        self.recording_writer = RecordingWriter(config.max_recording_pending, on_drop)  # every call's recording
 
     async def open(self) -> None:
         """Create the data folder, bring the schema to the newest migration, start the writer (and the
@@ -111,7 +113,7 @@ class CallStore:
         if not self.config.recordings or self._writer is None:
             return None
         return CallRecorder(self.recordings_dir / recording_name(call_id), started_at,
-                            max_s=self.config.max_recording_s)
+                            max_s=self.config.max_recording_s, writer=self.recording_writer)
 
     def _put(self, op: Op) -> None:
         if self._writer is None:

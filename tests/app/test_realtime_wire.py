@@ -295,7 +295,7 @@ async def test_a_recognizer_failure_on_a_committed_buffer_ends_that_turn_with_an
 
 
 async def test_a_recognizer_failure_on_an_audio_message_is_an_error_event_and_the_call_goes_on() -> None:
-    call, socket, llm = make_call()
+    call, socket, _llm = make_call()
     with_broken_recognizer(call, 1)
     task = asyncio.create_task(call.serve())
     audio = base64.b64encode(b"".join(base64.b64decode(c) for c in speech(24000))).decode()

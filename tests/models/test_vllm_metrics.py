@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from app.runtime import Runtime
 from app.settings import Settings
@@ -242,7 +242,7 @@ async def test_runtime_starts_the_poller_for_the_openai_engine_only(metrics_serv
             await asyncio.sleep(0.02)
             if runtime.metrics.registry.get_sample_value("voice_agent_vllm_up") == 1.0:
                 break
-        text = runtime.metrics.render()[0].decode()
+        text = generate_latest(runtime.metrics.registry).decode()
         assert "voice_agent_vllm_up 1.0" in text
         assert "voice_agent_vllm_spec_decode_acceptance_rate 0.625" in text
         assert "voice_agent_vllm_spec_decode_mean_acceptance_length 3.5" in text

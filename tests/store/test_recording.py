@@ -4,12 +4,14 @@ timeline by the times it was handed over with; held in memory only up to a bound
 from __future__ import annotations
 
 import wave
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from app.store import CallRecorder
+from app.store.recording_writer import Piece
 from pipeline.audio import resample
 
 RATE = 16000
@@ -121,7 +123,7 @@ async def test_a_disk_that_falls_behind_costs_a_gap_in_the_recording_not_memory(
     from app.store import recording
 
     stalled = threading.Event()
-    recording._WRITER.submit(stalled.wait, 30)  # the one writing thread is busy until released
+    recording.SHARED_WRITER.submit(Piece(partial(stalled.wait, 30), "a stalled disk"))  # the one writing thread
     try:
         recorder = CallRecorder(tmp_path / "c.wav", T0, spill_bytes=64_000, max_behind_bytes=256_000)
         frame = tone(0.02, freq=200)
