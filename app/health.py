@@ -5,6 +5,9 @@
 - `/readyz`: send this replica a new call. 503 while the models load, while it drains, and while
   every call slot (server.max_sessions) is taken: the same admission checks every call passes
   (app/transports/call.py), so a balancer that follows it sends no call that would be refused.
+  With server.redis_url set, it asks Redis (a PING) and says `shared_state` (up or not, and
+  server.shared_state_failure); while it cannot be reached a `closed` replica is not ready (503),
+  an `open` one is (its limits are then its own).
 - `/healthz`: kept for compatibility: 200 once ready and until it drains, whatever the slots.
 
 Each answers JSON with the replica's calls in progress and its slots.
@@ -19,7 +22,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.admission import call_refusal
+from app.admission import Refusal, call_refusal
 from app.runtime import Runtime
 from app.shutdown import GRACE_S
 
@@ -45,7 +48,14 @@ async def livez(request: Request) -> JSONResponse:
 async def readyz(request: Request) -> JSONResponse:
     runtime: Runtime = request.app.state.runtime
     refused = call_refusal(runtime)
+    shared = runtime.shared
+    shared_up = await shared.check() if shared is not None else True  # a PING: also how a closed replica sees it back
+    if refused is None and not shared_up and shared is not None and shared.closed:
+        refused = Refusal("shared_state_down", "the shared store (server.redis_url) cannot be reached, and calls are "
+                          "refused until it answers (server.shared_state_failure=closed)")
     body = _body(runtime, "ready" if refused is None else refused.code)
+    if shared is not None:  # with `open`, ready while it is down: the body says so
+        body["shared_state"] = {"up": shared_up, "on_failure": shared.failure}
     if refused is not None:
         body["reason"] = refused.message
     return JSONResponse(body, status_code=200 if refused is None else 503)

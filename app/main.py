@@ -64,7 +64,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     runtime.metrics.call_slots.set(settings.server.max_sessions)
     app.state.access = access.Access(settings.server, runtime.clock,
                                      public_urls=[settings.twilio.public_url, settings.telnyx.public_url],
-                                     redis=runtime.redis)
+                                     shared=runtime.shared)
     app.add_middleware(Guard, access=app.state.access, settings=settings, clock=runtime.clock)
     trusted = [str(n) for n in parse_networks(settings.server.trusted_proxies, "server.trusted_proxies")]
     if trusted:  # outside the guard: the guard sees the client a trusted proxy names, and its scheme

@@ -67,6 +67,14 @@ class Metrics:
             "Call-store records not kept, by reason: queue_full (the database fell behind), write_failed, not_open, "
             "recording_queue_full (a piece of a recording: the disk fell behind, storage.max_recording_pending)",
             ["reason"], registry=r)
+        self.shared_state_up = Gauge(
+            "voice_agent_shared_state_up", "1 while the store replicas share (server.redis_url) answered its last "
+            "request, or none is set; 0 while it cannot be reached (server.shared_state_failure says what the limits "
+            "do then)", registry=r)
+        self.shared_state_up.set(1)
+        self.shared_state_failures = Counter(
+            "voice_agent_shared_state_failures_total",
+            "Requests to the shared store (server.redis_url) that got no answer within 0.5 s", registry=r)
         self.tokens_per_second = Histogram(
             "voice_agent_llm_tokens_per_second", "LLM decoding speed per reply",
             buckets=(1, 2, 4, 6, 8, 10, 15, 20, 30, 50, 100, 200), registry=r)
@@ -124,6 +132,12 @@ class Metrics:
             for position, count in enumerate(stats.accepted_per_position):
                 if count:
                     self.spec_accepted_per_pos.labels(str(position)).inc(count)
+
+    def shared_state(self, up: bool) -> None:
+        """One request to the shared store: answered or not."""
+        self.shared_state_up.set(1 if up else 0)
+        if not up:
+            self.shared_state_failures.inc()
 
     def error(self, code: str) -> None:
         self.errors.labels(code).inc()

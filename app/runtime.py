@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 import numpy as np
-from redis.asyncio import Redis
 
 from app.metrics import Metrics
 from app.security.phone_tokens import StreamTokens
-from app.security.shared import RedisUsedTokens, connect
+from app.security.shared import RedisUsedTokens
+from app.security.shared_store import SharedStore
 from app.security.tokens import Tokens, token_secret
 from app.settings import Settings
 from app.store import CallStore
@@ -54,7 +54,7 @@ class Runtime:
     store: CallStore | None = None  # every call and turn, for QA (storage.enabled); see app/store/store.py
     store_error: str | None = None  # why the store is off, when it failed to open
     tracer: TurnTracer | None = None  # each turn as an OTLP trace (otel.endpoint)
-    redis: Redis | None = field(init=False)  # server.redis_url: what replicas share (app/security/shared.py)
+    shared: SharedStore | None = field(init=False)  # server.redis_url: what replicas share (app/security/shared.py)
     stream_nonces: Tokens = field(init=False)  # Twilio: each TwiML's one-use nonce, handed back in `start`
     telnyx_tokens: StreamTokens = field(init=False)  # Telnyx: one-use stream tokens, and the used ones
     server_tools: list[HttpTool] = field(default_factory=list)  # tools.file: the HTTP tools the server runs
@@ -62,11 +62,12 @@ class Runtime:
     _released: asyncio.Event | None = field(default=None, init=False, repr=False)  # set when a call slot comes free
 
     def __post_init__(self) -> None:
-        url = self.settings.server.redis_url
-        self.redis = connect(url) if url else None
+        server = self.settings.server
+        self.shared = (SharedStore.from_url(server.redis_url, server.shared_state_failure, self.metrics.shared_state)
+                       if server.redis_url else None)
         self.stream_nonces = Tokens(self.settings.twilio.stream_nonce_ttl_s, self.clock,
                                     token_secret(self.settings.server), "stream nonce",
-                                    RedisUsedTokens(self.redis, "stream nonce") if self.redis is not None else None)
+                                    RedisUsedTokens(self.shared, "stream nonce") if self.shared is not None else None)
         self.telnyx_tokens = StreamTokens(self.settings.telnyx)
 
     def open_session(self, session_id: str, transport: str) -> None:
@@ -237,8 +238,8 @@ class Runtime:
         if self.store is not None:
             await self.store.close()
             self.store = None
-        if self.redis is not None:
-            await self.redis.aclose()
+        if self.shared is not None:
+            await self.shared.aclose()
         if self.vllm_metrics is not None:
             await self.vllm_metrics.stop()
         if self.backends is not None:

@@ -59,6 +59,12 @@ class ServerConfig(BaseModel):
     redis_url: str = Field(
         "", description="Redis or Valkey (redis://host:6379/0) that replicas share: per-client rate limits and the "
         "one-use tokens already used (empty: each process keeps its own)")
+    shared_state_failure: Literal["open", "closed"] = Field(
+        "open", description="what the limits do while server.redis_url cannot be reached: open: let rate-limited "
+        "requests through and count each replica's calls alone (the limits grow with the replicas; the service stays "
+        "up); closed: refuse new calls, rate-limited requests and key checks with a try-later answer (503, or close "
+        "1013) and report the replica not ready (/readyz 503) until Redis answers. One-use tokens are refused either "
+        "way")
     token_secret: SecretStr = Field(
         SecretStr(""), description="the secret session tokens, login cookies, ephemeral keys and stream nonces are "
         "signed with; the same on every replica, so one replica's token works on all (at least 16 characters; "

@@ -8,6 +8,7 @@ guard in app/security/guard.py like the rest of /api)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -19,11 +20,11 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
-from redis.asyncio import Redis
 from starlette.types import Scope
 
 from app.security.limits import address_key
 from app.security.shared import RedisUsedTokens, SharedLimit
+from app.security.shared_store import SharedStore, SharedStoreDown
 from app.security.tokens import Tokens, token_secret
 from app.settings import ServerConfig
 from core.clock import Clock
@@ -164,13 +165,13 @@ class Access:
     the limit on wrong keys per address."""
 
     def __init__(self, server: ServerConfig, clock: Clock, public_urls: list[str] | None = None,
-                 redis: Redis | None = None) -> None:
+                 shared: SharedStore | None = None) -> None:
         self.keys = Keys(load_keys(server))
-        self.redis = redis  # server.redis_url: the state replicas share (app/security/shared.py)
+        self.shared = shared  # server.redis_url: the state replicas share (app/security/shared.py)
         secret = token_secret(server)
 
         def tokens(ttl_s: float, kind: str) -> Tokens:
-            return Tokens(ttl_s, clock, secret, kind, RedisUsedTokens(redis, kind) if redis is not None else None)
+            return Tokens(ttl_s, clock, secret, kind, RedisUsedTokens(shared, kind) if shared is not None else None)
 
         self.session_tokens = tokens(SESSION_TOKEN_TTL_S, "session token")
         # the Realtime API's ephemeral keys (POST /v1/realtime/client_secrets): one use, one /v1/realtime
@@ -180,7 +181,7 @@ class Access:
         self.allowed_origins = list(server.allowed_origins)
         self.allowed_hosts = AllowedHosts.for_settings(server, public_urls or [])
         # wrong keys, tokens and cookies, per address: guessing is slow on every authenticated route
-        self.failures = SharedLimit("auth failures", server.max_auth_failures_per_minute, clock, redis)
+        self.failures = SharedLimit("auth failures", server.max_auth_failures_per_minute, clock, shared)
 
     def mint_client_secret(self, owner: str, ttl_s: float, session: dict[str, Any]) -> str:
         return self.client_secrets.issue(owner, ttl_s, CLIENT_SECRET_PREFIX, data=session)
@@ -202,11 +203,13 @@ class Access:
         return await self.cookie_owner(cookie) is not None
 
     async def failed(self, address: str) -> None:
-        """A wrong key, token or cookie from `address`."""
-        await self.failures.take(address)
+        """A wrong key, token or cookie from `address` (refused whether or not it can be counted)."""
+        with contextlib.suppress(SharedStoreDown):  # the store is down: the next blocked_for refuses
+            await self.failures.take(address)
 
     async def blocked_for(self, address: str) -> float:
-        """Seconds until `address` may try a key again (0: now)."""
+        """Seconds until `address` may try a key again (0: now); SharedStoreDown when that cannot be
+        known (server.shared_state_failure=closed and Redis unreachable)."""
         return await self.failures.wait(address)
 
 

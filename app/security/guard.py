@@ -25,6 +25,10 @@ address (app/security/limits.py). The call's place in its client's count is hand
 Phone media sockets (`/twilio/media`, `/telnyx/media`) carry the provider's own credentials, checked
 by their routes; here they are rate-limited per address (phone.max_connections_per_minute).
 
+With server.redis_url set and Redis unreachable, server.shared_state_failure=closed refuses what
+needs it: HTTP 503 with Retry-After, a WebSocket accepted and closed with 1013, each saying why
+(app/security/shared_store.py); `open` lets it through, limited per replica.
+
 Every WebSocket that sends nothing for server.idle_timeout_s is closed (1001)."""
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from app.security.access import (
 )
 from app.security.limits import RateLimiter, Slot
 from app.security.shared import SharedCallCounter, SharedLimit
+from app.security.shared_store import RETRY_S, SharedStoreDown
 from app.settings import Settings
 from core.clock import Clock
 
@@ -98,13 +103,13 @@ class Guard:
         self.app = app
         self.access = access
         self.server = server = settings.server
-        redis = access.redis  # server.redis_url: every replica counts each client's requests together
-        self.api_requests = SharedLimit("api requests", server.max_api_requests_per_minute, clock, redis)
-        self.connections = SharedLimit("connections", server.max_connections_per_minute, clock, redis)
+        shared = access.shared  # server.redis_url: every replica counts each client's requests together
+        self.api_requests = SharedLimit("api requests", server.max_api_requests_per_minute, clock, shared)
+        self.connections = SharedLimit("connections", server.max_connections_per_minute, clock, shared)
         self.phone_connections = SharedLimit("phone connections", settings.phone.max_connections_per_minute, clock,
-                                             redis)
-        self.address_calls = SharedCallCounter("address calls", server.max_calls_per_client, redis)
-        self.key_calls = SharedCallCounter("key calls", server.max_calls_per_key, redis)
+                                             shared)
+        self.address_calls = SharedCallCounter("address calls", server.max_calls_per_client, shared)
+        self.key_calls = SharedCallCounter("key calls", server.max_calls_per_key, shared)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -136,22 +141,38 @@ class Guard:
     # -- HTTP ----------------------------------------------------------------------------------------
 
     async def _http(self, scope: Scope, receive: Receive, send: Send, path: str, headers: Headers) -> None:
+        try:
+            passed = await self._http_checks(scope, send, path, headers)
+        except SharedStoreDown as down:
+            log.info("refused %s: %s", path, down)
+            return await _respond(send, 503, _error(down.code, str(down)),
+                                  extra=[(b"retry-after", str(RETRY_S).encode())])
+        if passed:
+            body = await self._read_body(headers, receive, send)
+            if body is not None:
+                await self.app(scope, _replay(body, receive), send)
+
+    async def _http_checks(self, scope: Scope, send: Send, path: str, headers: Headers) -> bool:
+        """The key and the rate of an HTTP request: True when it may go on, else it was answered here."""
         address = address_of(scope)
         owner: str | None = None
         if (self.access.keys.required and _needs_key(path)) or path == "/api/login":
             blocked = await self.access.blocked_for(address)
             if blocked:
-                return await self._too_many_failures(send, blocked)
+                await self._too_many_failures(send, blocked)
+                return False
         if self.access.keys.required and _needs_key(path):
             owner, presented = await self._owner(path, headers)
             if owner is None:
                 if presented:
                     await self.access.failed(address)
                 if (path == "/qa" or path.startswith("/qa/")) and "text/html" in headers.get("accept", ""):
-                    return await _respond(send, 401, LOGIN_PAGE.read_bytes(), "text/html; charset=utf-8")
+                    await _respond(send, 401, LOGIN_PAGE.read_bytes(), "text/html; charset=utf-8")
+                    return False
                 hint = KEY_HINT + (", or log in with POST /api/login {\"key\": ...}" if _takes_cookie(path) else "")
-                return await _respond(send, 401, _error("unauthorized", f"{path} {hint}"),
-                                      extra=[(b"www-authenticate", b'Bearer realm="voice-agent"')])
+                await _respond(send, 401, _error("unauthorized", f"{path} {hint}"),
+                               extra=[(b"www-authenticate", b'Bearer realm="voice-agent"')])
+                return False
         client = owner or address
         scope[CLIENT_KEY] = client
         if path.startswith("/v1/") or path == "/api/login":
@@ -161,11 +182,9 @@ class Guard:
                 message = (f"too many requests from your {'key' if owner else 'address'}: "
                            f"{self.server.max_api_requests_per_minute} a minute (server.max_api_requests_per_minute); "
                            f"retry in {retry} s")
-                return await _respond(send, 429, _error("rate_limited", message),
-                                      extra=[(b"retry-after", retry.encode())])
-        body = await self._read_body(headers, receive, send)
-        if body is not None:
-            await self.app(scope, _replay(body, receive), send)
+                await _respond(send, 429, _error("rate_limited", message), extra=[(b"retry-after", retry.encode())])
+                return False
+        return True
 
     async def _too_many_failures(self, send: Send, wait: float) -> None:
         retry = RateLimiter.retry_after(wait)
@@ -214,6 +233,24 @@ class Guard:
     async def _websocket(self, scope: Scope, receive: Receive, send: Send, headers: Headers) -> None:
         if not self._origin_ok(headers):
             return await _refuse_upgrade(scope, receive, send, "this origin may not open /ws (server.allowed_origins)")
+        try:
+            admitted = await self._admit_socket(scope, receive, send, headers)
+        except SharedStoreDown as down:
+            log.info("refused a WebSocket: %s", down)
+            return await _accept_and_close(receive, send, CLOSE_TRY_LATER, down.reason)
+        if admitted is None:
+            return
+        client, slot = admitted
+        scope[CLIENT_KEY], scope[CLIENT_SLOT] = client, slot
+        scope[RATE_LIMITS] = lambda: self._standing(client)  # a coroutine
+        try:
+            await self._idle_guarded(scope, receive, send, on_gone=slot.release)
+        finally:
+            slot.release()  # if the route has not already: the caller hung up
+
+    async def _admit_socket(self, scope: Scope, receive: Receive, send: Send,
+                            headers: Headers) -> tuple[str, Slot] | None:
+        """The socket's client and its place in the client's count; None when it was refused here."""
         address = address_of(scope)
         owner: str | None = None
         if self.access.keys.required:
@@ -221,7 +258,8 @@ class Guard:
             if blocked:
                 reason = (f"too many wrong keys from your address (server.max_auth_failures_per_minute); retry in "
                           f"{RateLimiter.retry_after(blocked)} s")
-                return await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
+                await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
+                return None
             tokens = QueryParams(scope.get("query_string", b"")).getlist("token")
             owner = self.access.bearer_owner(headers.get("authorization"))
             if owner is None and len(tokens) == 1:
@@ -236,13 +274,15 @@ class Guard:
             if owner is None:
                 if headers.get("authorization") or tokens or realtime_key:
                     await self.access.failed(address)
-                return await _accept_and_close(receive, send, CLOSE_POLICY, WS_KEY_HINT)
+                await _accept_and_close(receive, send, CLOSE_POLICY, WS_KEY_HINT)
+                return None
         client = owner or address
         wait = await self.connections.take(client)
         if wait:
             reason = (f"too many new connections: {self.server.max_connections_per_minute} a minute "
                       f"(server.max_connections_per_minute); retry in {RateLimiter.retry_after(wait)} s")
-            return await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
+            await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
+            return None
         slot = await (self.key_calls if owner else self.address_calls).enter(client, self.server.admission_wait_s)
         if slot is None:
             waited = f"; none ended within {self.server.admission_wait_s:g} s"  # a close reason: <= 123 bytes
@@ -250,13 +290,9 @@ class Guard:
                       f"(server.max_calls_per_key){waited}" if owner else
                       f"too many calls in progress from your address: {self.server.max_calls_per_client} "
                       f"(server.max_calls_per_client){waited}")
-            return await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
-        scope[CLIENT_KEY], scope[CLIENT_SLOT] = client, slot
-        scope[RATE_LIMITS] = lambda: self._standing(client)  # a coroutine
-        try:
-            await self._idle_guarded(scope, receive, send, on_gone=slot.release)
-        finally:
-            slot.release()  # if the route has not already: the caller hung up
+            await _accept_and_close(receive, send, CLOSE_TRY_LATER, reason)
+            return None
+        return client, slot
 
     async def _standing(self, client: str) -> list[dict[str, Any]]:
         """The client's limits as the Realtime API's rate_limits: `requests` is the new connections it
@@ -269,7 +305,11 @@ class Guard:
         if not self._origin_ok(headers):
             return await _refuse_upgrade(scope, receive, send, "this origin may not open a media socket")
         address = address_of(scope)
-        wait = await self.phone_connections.take(address)
+        try:
+            wait = await self.phone_connections.take(address)
+        except SharedStoreDown as down:
+            log.warning("refused a media socket from %s: %s", address, down)
+            return await _accept_and_close(receive, send, CLOSE_TRY_LATER, down.reason)
         if wait:
             log.warning("refused a media socket from %s: over phone.max_connections_per_minute", address)
             reason = (f"too many new media sockets: {self.phone_connections.capacity:.0f} a minute "

@@ -8,7 +8,9 @@ the request (uvicorn's ProxyHeadersMiddleware in app/main.py), so the address is
 
 Both tables are bounded without letting an abuser reset its own limit: a rate bucket is forgotten
 only once it has refilled (it then says the same as a new one), and when the table is full of
-buckets that have not, newcomers share one overflow bucket."""
+buckets that have not, newcomers share one overflow bucket, which counts and limits them like one
+client: asking a newcomer's standing (`wait`, `standing`) reads the bucket its requests are
+counted in, so a wrong-key limit holds for addresses in the overflow too."""
 
 from __future__ import annotations
 
@@ -67,20 +69,31 @@ class RateLimiter:
         self.max_clients = max_clients
         self.buckets: OrderedDict[str, _Bucket] = OrderedDict()  # least recently seen first
 
+    def _key(self, client: str, now: float) -> str:
+        """The bucket the client's requests are counted in: its own, or, while the table is full of
+        clients that are still limited, the overflow bucket that newcomers share."""
+        if client in self.buckets or len(self.buckets) < self.max_clients:
+            return client
+        self._forget_refilled(now)
+        return client if len(self.buckets) < self.max_clients else OVERFLOW
+
     def _bucket(self, client: str, now: float) -> _Bucket:
-        bucket = self.buckets.get(client)
+        key = self._key(client, now)
+        bucket = self.buckets.get(key)
         if bucket is None:
-            if len(self.buckets) >= self.max_clients:
-                self._forget_refilled(now)
-            if len(self.buckets) >= self.max_clients:
-                client = OVERFLOW  # every remembered client is still limited: share one bucket
-                bucket = self.buckets.get(client)
-            if bucket is None:
-                bucket = self.buckets[client] = _Bucket(self.capacity, now)
-        self.buckets.move_to_end(client)
+            bucket = self.buckets[key] = _Bucket(self.capacity, now)
+        self.buckets.move_to_end(key)
         bucket.tokens = min(self.capacity, bucket.tokens + (now - bucket.at) * self.rate)
         bucket.at = now
         return bucket
+
+    def _tokens(self, client: str) -> float:
+        """What the client's bucket holds now, spending nothing (a client with none has a full one)."""
+        now = self.clock.now()
+        bucket = self.buckets.get(self._key(client, now))
+        if bucket is None:
+            return self.capacity
+        return min(self.capacity, bucket.tokens + (now - bucket.at) * self.rate)
 
     def _forget_refilled(self, now: float) -> None:
         """Drop the buckets that are full again: forgetting one changes nothing."""
@@ -98,19 +111,13 @@ class RateLimiter:
 
     def wait(self, client: str) -> float:
         """The seconds until the client may go on (0: now), spending nothing."""
-        bucket = self.buckets.get(client)
-        if bucket is None:
-            return 0.0
-        tokens = min(self.capacity, bucket.tokens + (self.clock.now() - bucket.at) * self.rate)
+        tokens = self._tokens(client)
         return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
 
     def standing(self, client: str) -> tuple[int, float]:
         """What the client has left now, spending nothing: whole tokens, and the seconds until its
         bucket is full again."""
-        bucket = self.buckets.get(client)
-        if bucket is None:
-            return int(self.capacity), 0.0
-        tokens = min(self.capacity, bucket.tokens + (self.clock.now() - bucket.at) * self.rate)
+        tokens = self._tokens(client)
         return int(tokens), (self.capacity - tokens) / self.rate if self.rate else 0.0
 
     @staticmethod

@@ -3,8 +3,9 @@ keep in memory otherwise (docs/deployment.md): the per-client rate limits, the p
 calls in progress, and the one-use tokens already used.
 
 Redis's own clock times the rate buckets (one clock for every replica). When Redis cannot be
-reached, a rate limit lets the request through (it is logged: the limit is off, not the service),
-and a one-use token is refused (it cannot be known unused): a caller is told to try again."""
+reached, server.shared_state_failure decides (app/security/shared_store.py): `open` lets a
+rate-limited request through and counts a call on this replica alone, `closed` refuses them
+(SharedStoreDown); a one-use token is refused either way (it cannot be known unused)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,14 @@ import math
 import secrets
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from app.security.limits import CallCounter, RateLimiter, Slot
+from app.security.shared_store import SharedStore, SharedStoreDown
 from core.clock import Clock
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "voice-agent:"
-TIMEOUT_S = 0.5  # a Redis that answers slower than this counts as down for the request
 
 # A token bucket, atomically: capacity, tokens a second, whether to spend one. Returns the tokens
 # left and the seconds to wait for one (0: there was one). Times come from Redis's clock.
@@ -47,53 +47,53 @@ return {tostring(tokens), tostring(wait)}
 """
 
 
-def connect(url: str) -> Redis:
-    """A client for server.redis_url (redis://, rediss://, unix://); it connects on first use."""
-    return Redis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, decode_responses=True)
-
-
 class SharedLimit:
     """A per-client rate limit (`per_minute` at once, refilled evenly): this process's own buckets,
-    or, with `redis`, one bucket per client for every replica."""
+    or, with `shared`, one bucket per client for every replica. While the shared store cannot be
+    reached, `take` and `wait` let the client through (`open`) or raise SharedStoreDown (`closed`)."""
 
-    def __init__(self, name: str, per_minute: int, clock: Clock, redis: Redis | None = None) -> None:
+    def __init__(self, name: str, per_minute: int, clock: Clock, shared: SharedStore | None = None) -> None:
         self.name = name
         self.memory = RateLimiter(per_minute, clock)
         self.capacity, self.rate = self.memory.capacity, self.memory.rate
-        self.redis = redis
-        self._script: Any = redis.register_script(BUCKET) if redis is not None else None
-        self._warned = False
+        self.shared = shared
+        self._script: Any = shared.redis.register_script(BUCKET) if shared is not None else None
 
     async def _bucket(self, client: str, spend: bool) -> tuple[float, float] | None:
+        """(tokens left, seconds to wait) from Redis; None when it cannot be reached."""
+        assert self.shared is not None
         try:
             tokens, wait = await self._script(keys=[f"{KEY_PREFIX}rate:{self.name}:{client}"],
                                               args=[self.capacity, self.rate, "1" if spend else "0"])
         except (RedisError, OSError) as exc:
-            if not self._warned:
-                log.warning("Redis cannot be reached for the %s limit (%s): requests are let through unlimited until "
-                            "it answers again; check server.redis_url", self.name, exc)
-            self._warned = True
+            self.shared.failed(f"{self.name} limit", exc)
             return None
-        self._warned = False
+        self.shared.answered()
         return float(tokens), float(wait)
+
+    async def _wait(self, client: str, spend: bool) -> float:
+        assert self.shared is not None
+        bucket = await self._bucket(client, spend)
+        if bucket is None and self.shared.closed:
+            raise SharedStoreDown(f"{self.name} limit")
+        return bucket[1] if bucket is not None else 0.0
 
     async def take(self, client: str) -> float:
         """0 when the client may go on (and one request is counted), else the seconds to wait."""
-        if self.redis is None:
+        if self.shared is None:
             return self.memory.take(client)
-        bucket = await self._bucket(client, spend=True)
-        return bucket[1] if bucket is not None else 0.0
+        return await self._wait(client, spend=True)
 
     async def wait(self, client: str) -> float:
         """The seconds until the client may go on (0: now), counting nothing."""
-        if self.redis is None:
+        if self.shared is None:
             return self.memory.wait(client)
-        bucket = await self._bucket(client, spend=False)
-        return bucket[1] if bucket is not None else 0.0
+        return await self._wait(client, spend=False)
 
     async def standing(self, client: str) -> tuple[int, float]:
-        """Whole requests the client has left now, and the seconds until its bucket is full."""
-        if self.redis is None:
+        """Whole requests the client has left now, and the seconds until its bucket is full (what
+        it was allowed, when the store cannot be reached: this only informs, it lets nothing through)."""
+        if self.shared is None:
             return self.memory.standing(client)
         bucket = await self._bucket(client, spend=False)
         tokens = bucket[0] if bucket is not None else self.capacity
@@ -127,17 +127,19 @@ LEASE_S = 60.0  # a call's place lapses this long after its replica last renewed
 
 class SharedCallCounter:
     """Calls in progress per client (a limit of 0 counts without limiting): this process's own
-    count, or, with `redis`, every replica's. Each call holds a lease that its replica renews every
-    third of `lease_s`, so the places of a replica that died (SIGKILL) come free when they lapse."""
+    count, or, with `shared`, every replica's. Each call holds a lease that its replica renews every
+    third of `lease_s`, so the places of a replica that died (SIGKILL) come free when they lapse.
+    While the shared store cannot be reached, a new call is counted on this replica alone (`open`)
+    or refused with SharedStoreDown (`closed`)."""
 
-    def __init__(self, name: str, limit: int, redis: Redis | None = None, lease_s: float = LEASE_S) -> None:
+    def __init__(self, name: str, limit: int, shared: SharedStore | None = None, lease_s: float = LEASE_S) -> None:
         self.name = name
         self.limit = limit
         self.memory = CallCounter(limit)
-        self.redis = redis
+        self.shared = shared
         self.lease_s = lease_s
-        self._enter: Any = redis.register_script(ENTER) if redis is not None else None
-        self._renew: Any = redis.register_script(RENEW) if redis is not None else None
+        self._enter: Any = shared.redis.register_script(ENTER) if shared is not None else None
+        self._renew: Any = shared.redis.register_script(RENEW) if shared is not None else None
         self.held: dict[str, str] = {}  # lease -> its client's key
         self._renewer: asyncio.Task[None] | None = None
         self._leaving: set[asyncio.Task[None]] = set()
@@ -158,7 +160,7 @@ class SharedCallCounter:
                 self._freed = asyncio.Event()
             freed = self._freed
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(min(left, POLL_S) if self.redis is not None else left):
+                async with asyncio.timeout(min(left, POLL_S) if self.shared is not None else left):
                     await freed.wait()
 
     def _wake(self) -> None:
@@ -167,15 +169,17 @@ class SharedCallCounter:
             freed.set()
 
     async def _try_enter(self, client: str) -> Slot | None:
-        if self.redis is None or not self.limit:  # no limit: nothing to share
+        if self.shared is None or not self.limit:  # no limit: nothing to share
             return self._woken(self.memory.enter(client))
         key, lease = f"{KEY_PREFIX}calls:{self.name}:{client}", secrets.token_hex(12)
         try:
             entered = await self._enter(keys=[key], args=[self.limit, self.lease_s, lease])
         except (RedisError, OSError) as exc:
-            log.warning("Redis cannot be reached for the %s count (%s): this replica counts the call alone",
-                        self.name, exc)
-            return self._woken(self.memory.enter(client))
+            self.shared.failed(f"{self.name} count", exc)
+            if self.shared.closed:
+                raise SharedStoreDown(f"{self.name} count") from exc
+            return self._woken(self.memory.enter(client))  # this replica counts the call alone
+        self.shared.answered()
         if not entered:
             return None
         self.held[lease] = key
@@ -202,12 +206,15 @@ class SharedCallCounter:
         task.add_done_callback(self._leaving.discard)
 
     async def _remove(self, key: str, lease: str) -> None:
-        assert self.redis is not None
+        assert self.shared is not None
         try:
-            await self.redis.zrem(key, lease)
+            await self.shared.redis.zrem(key, lease)
         except (RedisError, OSError) as exc:  # it lapses on its own within lease_s
+            self.shared.failed(f"{self.name} count", exc)
             log.warning("Redis cannot be reached to free a %s place (%s); it lapses in %.0f s", self.name, exc,
                         self.lease_s)
+        else:
+            self.shared.answered()
         self._wake()  # a call of this replica waiting for the place looks again
 
     async def _renew_leases(self) -> None:
@@ -218,35 +225,45 @@ class SharedCallCounter:
     async def renew(self) -> None:
         """Every call this replica holds keeps its place for another `lease_s`."""
         held = dict(self.held)
-        if not held:
+        if not held or self.shared is None:
             return
         try:
             await self._renew(keys=list(held.values()), args=[self.lease_s, *held])
         except (RedisError, OSError) as exc:
+            self.shared.failed(f"{self.name} count", exc)
             log.warning("Redis cannot be reached to renew %d %s places (%s)", len(held), self.name, exc)
+        else:
+            self.shared.answered()
 
 
 class RedisUsedTokens:
     """One-use tokens struck off in Redis by their nonce until they expire: a token used on one
-    replica is used on all."""
+    replica is used on all. While Redis cannot be reached a token is refused, whatever
+    server.shared_state_failure says (it cannot be known unused)."""
 
-    def __init__(self, redis: Redis, kind: str) -> None:
-        self.redis = redis
+    def __init__(self, shared: SharedStore, kind: str) -> None:
+        self.shared = shared
         self.kind = kind
 
     async def strike(self, nonce: str, until: float) -> bool:
         try:
-            return bool(await self.redis.set(f"{KEY_PREFIX}used:{self.kind}:{nonce}", "1", nx=True,
-                                             exat=max(1, math.ceil(until))))
+            struck = bool(await self.shared.redis.set(f"{KEY_PREFIX}used:{self.kind}:{nonce}", "1", nx=True,
+                                                      exat=max(1, math.ceil(until))))
         except (RedisError, OSError) as exc:
+            self.shared.failed(f"one-use {self.kind}s", exc)
             log.error("Redis cannot be reached to check a one-use %s (%s): it is refused; check server.redis_url",
                       self.kind, exc)
             return False
+        self.shared.answered()
+        return struck
 
     async def struck(self, nonce: str) -> bool:
         try:
-            return bool(await self.redis.exists(f"{KEY_PREFIX}used:{self.kind}:{nonce}"))
+            struck = bool(await self.shared.redis.exists(f"{KEY_PREFIX}used:{self.kind}:{nonce}"))
         except (RedisError, OSError) as exc:
+            self.shared.failed(f"{self.kind}s", exc)
             log.error("Redis cannot be reached to check a %s (%s): it is refused; check server.redis_url",
                       self.kind, exc)
             return True
+        self.shared.answered()
+        return struck

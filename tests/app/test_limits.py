@@ -61,6 +61,40 @@ def test_an_abuser_cannot_reset_its_limit_by_flooding_the_table_with_new_address
     assert limiter.take("abuser") > 0
 
 
+def test_a_newcomer_counted_in_the_overflow_bucket_is_limited_like_any_client() -> None:
+    clock = FakeClock()
+    limiter = RateLimiter(2, clock, max_clients=2)
+    for client in ("a", "b"):  # the table is full of clients that are still limited
+        limiter.take(client)
+        limiter.take(client)
+    assert limiter.wait("c") == 0.0 and limiter.standing("c") == (2, 0.0)  # nothing counted yet
+    assert [limiter.take("c"), limiter.take("c")] == [0.0, 0.0]
+    assert limiter.wait("c") == pytest.approx(30.0)  # what its next take would say
+    assert limiter.standing("c") == (0, pytest.approx(60.0))
+    assert limiter.wait("d") == pytest.approx(30.0)  # newcomers share the overflow bucket
+    assert list(limiter.buckets) == ["a", "b", OVERFLOW]
+    clock.advance(60.0)  # everyone has refilled: room again, and nobody is held back
+    assert limiter.wait("c") == 0.0 and limiter.take("c") == 0.0 and "c" in limiter.buckets
+
+
+async def test_wrong_keys_from_an_address_in_the_overflow_bucket_are_limited() -> None:
+    """The guard's wrong-key limit (server.max_auth_failures_per_minute) when its table is full of
+    addresses still limited: a new address's wrong keys count, and past the limit it gets 429."""
+    app = fake_app(api_keys=["the-right-key"], max_auth_failures_per_minute=2)
+    failures = app.state.access.failures
+    failures.memory.max_clients = 2
+    for address in ("192.0.2.1", "192.0.2.2"):
+        await failures.take(address)
+        await failures.take(address)
+    transport = httpx.ASGITransport(app=app, client=("203.0.113.9", 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        wrong = {"Authorization": "Bearer a-wrong-key"}
+        assert [(await client.get("/v1/models", headers=wrong)).status_code for _ in range(2)] == [401, 401]
+        reply = await client.get("/v1/models", headers={"Authorization": "Bearer the-right-key"})
+        assert reply.status_code == 429 and reply.json()["error"]["code"] == "too_many_failures"
+        assert int(reply.headers["retry-after"]) >= 1
+
+
 def test_ipv6_clients_count_by_their_64_and_mapped_ipv4_as_ipv4() -> None:
     assert address_key("2001:db8:1:2::1") == address_key("2001:db8:1:2:ffff:ffff:ffff:ffff") == "2001:db8:1:2::/64"
     assert address_key("2001:db8:1:3::1") != address_key("2001:db8:1:2::1")

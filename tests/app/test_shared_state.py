@@ -1,8 +1,9 @@
 """What replicas share through a real Redis (Debian's redis-server, started here): a one-use
 token used on one replica is used on all, a per-client rate limit and a per-client count of calls
 in progress hold across replicas (a dead replica's calls lapse), and when Redis is down the limits
-let requests through while one-use tokens are refused. The live
-test runs two replicas of the app (fake engines, named as fakes) on one Redis."""
+let requests through while one-use tokens are refused, unless server.shared_state_failure=closed
+says to refuse them (and /readyz and the metrics say so either way). The live tests run replicas
+of the app (fake engines, named as fakes) on one Redis."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,11 +21,11 @@ from websockets.exceptions import ConnectionClosed
 
 from app.security.access import Access
 from app.security.shared import RedisUsedTokens, SharedCallCounter, SharedLimit
-from app.security.shared import connect as redis_connect
+from app.security.shared_store import SharedStore, SharedStoreDown
 from app.settings import ServerConfig
 from core.clock import MonotonicClock
 from tests.app.live import fake_app, live
-from tests.redis_server import free_port, redis_server
+from tests.redis_server import free_port, redis_process, redis_server
 
 KEY = "a-key-for-the-replica-tests"
 SECRET = "one-secret-for-both-replicas"
@@ -47,8 +49,8 @@ def redis_url(redis_server_url: str) -> str:
 async def test_a_one_use_token_used_on_one_replica_is_used_on_all(redis_url: str) -> None:
     clock = MonotonicClock()
     server = ServerConfig(api_keys=[KEY], token_secret=SECRET)
-    first = Access(server, clock, redis=redis_connect(redis_url))
-    second = Access(server, clock, redis=redis_connect(redis_url))
+    first = Access(server, clock, shared=SharedStore.from_url(redis_url))
+    second = Access(server, clock, shared=SharedStore.from_url(redis_url))
     token = first.session_tokens.issue("key:abc")
     assert await second.session_tokens.take(token) == "key:abc"
     assert await first.session_tokens.take(token) is None  # struck off for every replica
@@ -57,13 +59,13 @@ async def test_a_one_use_token_used_on_one_replica_is_used_on_all(redis_url: str
     await first.logins.drop(cookie)  # a logout on one replica ends the login on all
     assert await second.cookie_owner(cookie) is None
     for access in (first, second):
-        assert access.redis is not None
-        await access.redis.aclose()
+        assert access.shared is not None
+        await access.shared.aclose()
 
 
 async def test_a_rate_limit_holds_across_replicas(redis_url: str) -> None:
     clock = MonotonicClock()
-    one, other = redis_connect(redis_url), redis_connect(redis_url)
+    one, other = SharedStore.from_url(redis_url), SharedStore.from_url(redis_url)
     first, second = SharedLimit("connections", 3, clock, one), SharedLimit("connections", 3, clock, other)
     assert [await first.take("10.0.0.7"), await second.take("10.0.0.7"), await first.take("10.0.0.7")] == [0, 0, 0]
     wait = await second.take("10.0.0.7")
@@ -77,12 +79,12 @@ async def test_a_rate_limit_holds_across_replicas(redis_url: str) -> None:
 
 async def test_without_redis_the_limits_let_requests_through_and_one_use_tokens_are_refused(
         caplog: pytest.LogCaptureFixture) -> None:
-    gone = redis_connect(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
+    gone = SharedStore.from_url(f"redis://127.0.0.1:{free_port()}/0")  # nothing listens there
     limit = SharedLimit("connections", 1, MonotonicClock(), gone)
     with caplog.at_level(logging.WARNING):
         assert [await limit.take("10.0.0.7") for _ in range(3)] == [0, 0, 0]
         assert not await RedisUsedTokens(gone, "session token").strike("nonce", 2e9)
-    assert "requests are let through unlimited" in caplog.text and "it is refused" in caplog.text
+    assert "rate limits let requests through" in caplog.text and "it is refused" in caplog.text
     await gone.aclose()
 
 
@@ -136,7 +138,7 @@ async def _enters(counter: SharedCallCounter, client: str) -> object:
 
 
 async def test_calls_in_progress_count_across_replicas_and_a_dead_ones_lapse(redis_url: str) -> None:
-    one, other = redis_connect(redis_url), redis_connect(redis_url)
+    one, other = SharedStore.from_url(redis_url), SharedStore.from_url(redis_url)
     first = SharedCallCounter("key calls", 1, one)
     second = SharedCallCounter("key calls", 1, other)
     slot = await first.enter("key:abc")
@@ -145,11 +147,12 @@ async def test_calls_in_progress_count_across_replicas_and_a_dead_ones_lapse(red
     assert await second.enter("key:other") is not None  # per client
     # the lease's first term running out (its score, and its set's expiry): a renewal keeps it
     [(lease, key)] = first.held.items()
-    await one.zadd(key, {lease: 0}, xx=True)
-    await one.expire(key, 1)
+    await one.redis.zadd(key, {lease: 0}, xx=True)
+    await one.redis.expire(key, 1)
     await first.renew()
-    seconds, _ = await one.time()
-    assert await one.zscore(key, lease) > seconds + first.lease_s - 5 and await one.ttl(key) > first.lease_s - 5
+    seconds, _ = await one.redis.time()
+    assert (await one.redis.zscore(key, lease) > seconds + first.lease_s - 5
+            and await one.redis.ttl(key) > first.lease_s - 5)
     assert await second.enter("key:abc") is None
     slot.release()  # hung up
     await _enters(second, "key:abc")
@@ -163,3 +166,83 @@ async def test_calls_in_progress_count_across_replicas_and_a_dead_ones_lapse(red
     await _enters(survivor, "10.0.0.9")
     await one.aclose()
     await other.aclose()
+
+
+def _metric(address: str, name: str) -> float:
+    for line in httpx.get(f"http://{address}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} is not in /metrics")
+
+
+async def test_closed_refuses_what_needs_the_shared_store_while_it_cannot_be_reached() -> None:
+    """server.shared_state_failure=closed: a limit or a count that cannot ask Redis refuses (try
+    later) instead of letting the client through; every failure is reported to the watcher."""
+    seen: list[bool] = []
+    gone = SharedStore.from_url(f"redis://127.0.0.1:{free_port()}/0", "closed", seen.append)
+    with pytest.raises(SharedStoreDown, match=r"server\.shared_state_failure=closed"):
+        await SharedLimit("connections", 5, MonotonicClock(), gone).take("10.0.0.7")
+    with pytest.raises(SharedStoreDown):
+        await SharedLimit("auth failures", 5, MonotonicClock(), gone).wait("10.0.0.7")
+    with pytest.raises(SharedStoreDown):
+        await SharedCallCounter("key calls", 1, gone).enter("key:abc")
+    assert not gone.up and gone.failures == 3 and seen == [False, False, False]
+    assert not await gone.check()
+    await gone.aclose()
+
+
+async def test_with_closed_a_replica_refuses_calls_and_requests_and_is_not_ready_while_redis_is_down() -> None:
+    app = fake_app(redis_url=f"redis://127.0.0.1:{free_port()}/0", shared_state_failure="closed")
+    with live(app) as address:
+        reply = await asyncio.to_thread(httpx.get, f"http://{address}/v1/models", timeout=5)
+        assert reply.status_code == 503 and reply.headers["retry-after"] == "5"
+        error = reply.json()["error"]
+        assert error["code"] == "shared_state_unavailable" and "server.redis_url" in error["message"]
+        code, reason = await _closed_with(f"ws://{address}/ws")
+        assert code == 1013 and "server.shared_state_failure=closed" in reason
+        assert not app.state.runtime.sessions  # no call was started
+        ready = await asyncio.to_thread(httpx.get, f"http://{address}/readyz", timeout=5)
+        assert ready.status_code == 503
+        body = ready.json()
+        assert body["status"] == "shared_state_down" and "server.redis_url" in body["reason"]
+        assert body["shared_state"] == {"up": False, "on_failure": "closed"}
+        assert _metric(address, "voice_agent_shared_state_up") == 0.0
+        assert _metric(address, "voice_agent_shared_state_failures_total") >= 3
+
+
+async def test_with_open_a_replica_lets_calls_and_requests_through_and_is_ready_but_says_redis_is_down() -> None:
+    app = fake_app(redis_url=f"redis://127.0.0.1:{free_port()}/0", shared_state_failure="open")
+    with live(app) as address:
+        reply = await asyncio.to_thread(httpx.get, f"http://{address}/v1/models", timeout=5)
+        assert reply.status_code == 200
+        async with connect(f"ws://{address}/ws") as ws:
+            await ws.send(START)
+            assert json.loads(await ws.recv())["type"] == "session.started"
+        ready = await asyncio.to_thread(httpx.get, f"http://{address}/readyz", timeout=5)
+        assert ready.status_code == 200
+        body = ready.json()
+        assert body["status"] == "ready" and body["shared_state"] == {"up": False, "on_failure": "open"}
+        assert _metric(address, "voice_agent_shared_state_up") == 0.0
+        assert _metric(address, "voice_agent_shared_state_failures_total") >= 3
+
+
+async def test_a_closed_replica_is_ready_again_once_redis_answers(tmp_path: Path) -> None:
+    """Readiness asks Redis itself: a replica that refuses everything while Redis is down (and so
+    is sent nothing) still learns that it is back."""
+    with redis_process(tmp_path) as server:
+        app = fake_app(redis_url=server.url, shared_state_failure="closed")
+        with live(app) as address:
+            ready = await asyncio.to_thread(httpx.get, f"http://{address}/readyz", timeout=5)
+            assert ready.status_code == 200 and ready.json()["shared_state"]["up"] is True
+            assert _metric(address, "voice_agent_shared_state_up") == 1.0
+            server.stop()
+            assert (await asyncio.to_thread(httpx.get, f"http://{address}/readyz", timeout=5)).status_code == 503
+            assert (await asyncio.to_thread(httpx.get, f"http://{address}/v1/models", timeout=5)).status_code == 503
+            assert _metric(address, "voice_agent_shared_state_up") == 0.0
+            server.start()
+            ready = await asyncio.to_thread(httpx.get, f"http://{address}/readyz", timeout=5)
+            assert ready.status_code == 200 and ready.json()["shared_state"]["up"] is True
+            assert (await asyncio.to_thread(httpx.get, f"http://{address}/v1/models", timeout=5)).status_code == 200
+            async with connect(f"ws://{address}/ws") as ws:
+                await ws.send(START)
+                assert json.loads(await ws.recv())["type"] == "session.started"
