@@ -16,7 +16,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app import health, openai_api, qa_api, qa_pages
 from app.metrics_server import metrics_route, start_metrics_server
-from app.redact import install_log_redaction
+from app.redact import hold_value_loggers, install_log_redaction
 from app.runtime import Runtime
 from app.security import access
 from app.security.guard import Guard
@@ -27,6 +27,7 @@ from app.transports.phone import telnyx, twilio
 from app.transports.realtime import secrets as realtime_secrets
 from app.transports.realtime import wire as realtime
 from core.clock import Clock, MonotonicClock
+from core.private import set_caller_content
 from pipeline.session import Backends
 from pipeline.turn_policy import check_decision
 
@@ -39,6 +40,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     runtime = Runtime((settings or Settings()).with_facts(), clock or MonotonicClock(), backends=backends)
     check_decision(runtime.settings.endpointing)
     install_log_redaction()
+    set_caller_content(runtime.settings.server.log_caller_content)
+    hold_value_loggers(runtime.settings.server.log_caller_content)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

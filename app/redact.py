@@ -7,6 +7,10 @@ import logging
 import re
 
 SECRET_QUERY = re.compile(r"([?&](?:token|key|api_key|access_token)=)[^&\s\"']*", re.IGNORECASE)
+URI = re.compile(r"(?P<scheme>(?:sips?|tel):)(?P<user>[^@;]+)(?P<host>[@;].*)?$", re.IGNORECASE)
+PHONE = re.compile(r"\+?[\d\s().-]+")  # digits, perhaps spaced or punctuated
+NUMBER_NAMES = frozenset({"from", "to", "caller", "called", "callerid", "caller_id", "ani", "dnis"})
+VALUE_LOGGERS = ("aiosqlite",)  # its DEBUG lines are each SQL statement with its parameters
 SERVER_LOGGERS = ("uvicorn.access", "uvicorn.error")  # uvicorn writes each request's path with its query here
 
 
@@ -26,6 +30,13 @@ class RedactQuery(logging.Filter):
         return True
 
 
+def hold_value_loggers(caller_content: str) -> None:
+    """Libraries whose DEBUG lines show every value the call store writes (transcripts, replies,
+    numbers): held to INFO unless the log may show callers' content (server.log_caller_content "info")."""
+    for name in VALUE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if caller_content == "info" else logging.INFO)
+
+
 def install_log_redaction() -> None:
     """Once per process: every server logger redacts secret query parameters."""
     for name in SERVER_LOGGERS:
@@ -36,11 +47,28 @@ def install_log_redaction() -> None:
 
 def mask_number(number: str | None) -> str:
     """A phone number as the logs may show it: its country code's first digit and last two digits
-    ("+1*********11"); anything else, as many stars as it has characters."""
+    ("+1*********11"); in a SIP or tel URI, its user part so ("sip:+1*********11@pbx.example.com");
+    anything else, as many stars as it has characters."""
     if not number:
         return "?"
+    uri = URI.match(number)
+    if uri is not None:
+        return uri["scheme"] + mask_number(uri["user"]) + (uri["host"] or "")
     digits = sum(ch.isdigit() for ch in number)
     if digits < 6:
         return "*" * len(number)
     head = number[:2] if number.startswith("+") else ""
     return head + "*" * (len(number) - len(head) - 2) + number[-2:]
+
+
+def looks_like_number(value: str) -> bool:
+    """A phone number or a SIP/tel URI: what a provider's custom parameter may carry under any name."""
+    value = value.strip()
+    return bool(URI.match(value) or (PHONE.fullmatch(value) and sum(ch.isdigit() for ch in value) >= 6))
+
+
+def mask_parameters(parameters: dict[str, str]) -> dict[str, str]:
+    """A call's parameters (Twilio's From and To, a Telnyx stream's custom parameters) as the logs may
+    show them: every phone number masked, whatever its name."""
+    return {name: mask_number(value) if name.lower() in NUMBER_NAMES or looks_like_number(value) else value
+            for name, value in parameters.items()}

@@ -106,6 +106,11 @@ class ServerConfig(BaseModel):
     idle_timeout_s: float = Field(
         60.0, gt=0, description="a WebSocket (/ws, phone media) that sends nothing this long is closed (1001) as dead")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_caller_content: Literal["redacted", "debug", "info"] = Field(
+        "redacted", description="what the log shows of what callers say and key in (transcripts, keypad digits, "
+        "tool arguments and answers, and the replies that repeat them): redacted: only how much ('caller: [9 words]', "
+        "'keys [4 keys]'); debug: that, and a DEBUG line with the content after each; info: the content in every "
+        "line (local testing only). Phone numbers are masked whatever this says")
 
     @field_validator("api_keys", "allowed_hosts", "allowed_origins", "trusted_proxies", mode="before")
     @classmethod

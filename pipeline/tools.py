@@ -26,6 +26,7 @@ import httpx
 
 from core.clock import Clock
 from core.errors import ConfigError
+from core.private import Private, content, log_private
 from models.llm.tool_calls import Tool, ToolCall, Tools, parse_tools
 from pipeline.config import ToolsConfig
 
@@ -37,7 +38,12 @@ METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 
 class ToolFailed(Exception):
-    """A tool did not give an answer; the message is what the model is told."""
+    """A tool did not give an answer; the message is what the model is told. `answer` is what the
+    tool said about it (an HTTP error's body), told to the model and kept out of the log."""
+
+    def __init__(self, reason: str, answer: str = "") -> None:
+        super().__init__(f"{reason}: {answer}" if answer else reason)
+        self.reason, self.answer = reason, answer
 
 
 @dataclass
@@ -96,7 +102,7 @@ class HttpTool:
         except httpx.HTTPError as exc:  # the URL is the operator's; secrets sit in headers, never shown
             raise ToolFailed(f"the tool could not be reached ({type(exc).__name__})") from exc
         if response.is_error:
-            raise ToolFailed(f"the tool answered HTTP {response.status_code}: {response.text[:300]}")
+            raise ToolFailed(f"the tool answered HTTP {response.status_code}", response.text[:300])
         return response.text
 
 
@@ -228,6 +234,7 @@ class ToolBox:
     async def run(self, run: ToolRun) -> ToolRun:
         """Run one call to its end: its output, or the error the model is told. Never raises."""
         call, timeout = run.call, self.config.timeout_s
+        failed: ToolFailed | None = None
         try:
             if call.name in self.server:
                 tool = self.server[call.name]
@@ -247,13 +254,16 @@ class ToolBox:
         except TimeoutError:
             run.error = f"the tool {call.name} did not answer within {timeout:g} s"
         except ToolFailed as exc:
-            run.error = f"the tool {call.name} failed: {exc}"
+            run.error, failed = f"the tool {call.name} failed: {exc}", exc
         except Exception as exc:  # a runner's own bug must not leave the call stuck "in progress"
             log.error("tool %s failed unexpectedly", call.name, exc_info=exc)
             run.error = f"the tool {call.name} failed: {type(exc).__name__}"
         if run.error is not None:
             run.output = json.dumps({"error": run.error + ". Tell the caller you could not do it, and do not "
                                                           "make up an answer."})
-            log.warning("tool call %s %s: %s", call.call_id, call.name, run.error)
+            shown: str | Private = run.error  # the tool's own answer, if any, summarized
+            if failed is not None and failed.answer:
+                shown = Private(run.error, f"the tool {call.name} failed: {failed.reason}: {content(failed.answer)}")
+            log_private(log, logging.WARNING, "tool call %s %s: %s", call.call_id, call.name, shown)
         run.finished_at = self.clock.now()
         return run

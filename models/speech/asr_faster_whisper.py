@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from core.errors import BackendUnavailableError, EngineError, ModelMissingError
+from core.private import log_private, words
 from models.config import AsrConfig
 from models.cpu import cores
 from models.packs.cache import resolve
@@ -126,11 +127,12 @@ class ShortWindow:
         if result.no_speech_prob > 0.6:
             # Maybe no speech: a short window makes "Thank you." of silence where the full one
             # makes nothing. Rare behind the VAD; the full window decides.
-            log.debug("ASR: no speech? (%.2f, %.2f, %r); decoding the full 30 s window", result.no_speech_prob,
-                      avg_logprob, text)
+            log_private(log, logging.DEBUG, "ASR: no speech? (%.2f, %.2f, %r); decoding the full 30 s window",
+                        result.no_speech_prob, avg_logprob, words(text))
             return None
         if get_compression_ratio(text) > 2.4:
-            log.info("ASR: the %d s window repeated itself (%r); decoding the full 30 s window", window // 100, text)
+            log_private(log, logging.INFO, "ASR: the %d s window repeated itself (%r); decoding the full 30 s window",
+                        window // 100, words(text))
             return None
         if not any(c.isalnum() for c in text):
             return Heard("")

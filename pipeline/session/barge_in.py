@@ -13,6 +13,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from core.clock import Clock
+from core.private import log_private, words
 from pipeline.session.parts import PipelineConfig, Reply
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class BargeIn:
 
     def let_go_of(self, turn_id: int, text: str) -> None:
         """What the caller said over the bot was only a backchannel: the reply goes on."""
-        log.info("turn %d: %r while the bot talks: not an interruption", turn_id, text)
+        log_private(log, logging.INFO, "turn %d: %r while the bot talks: not an interruption", turn_id, words(text))
         self.release()
 
     def release(self) -> None:

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from core.clock import Clock
+from core.private import keys, log_private
 from pipeline.config import SessionConfig
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,8 @@ class Keypad:
     def press(self, digit: str) -> bool:
         """A key: collected (False: one too many for a turn, dropped)."""
         if len(self._digits) >= self.config.max_dtmf_digits:
-            log.warning("more than %d keys in one turn; %r dropped", self.config.max_dtmf_digits, digit)
+            log_private(log, logging.WARNING, "more than %d keys in one turn; %r dropped", self.config.max_dtmf_digits,
+                        keys(digit))
             return False
         self._digits.append(digit)
         self._last_at = self.clock.now()

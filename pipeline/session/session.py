@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from core.clock import Clock
+from core.private import keys, log_private
+from core.private import words as private_words
 from models.llm.tool_calls import ToolCall, Tools
 from models.protocols import ChatMessage, Conversation
 from pipeline.asr_stage import asr_stage
@@ -321,7 +323,8 @@ class Session:
             except Exception as exc:  # the words are evidence; without them the sound decides
                 log.warning("turn %d: the LLM's end-of-turn probability failed: %s", turn_id, exc)
             if probability is not None:
-                log.debug("turn %d: P(end of sentence | %r) = %.3f", turn_id, words, probability)
+                log_private(log, logging.DEBUG, "turn %d: P(end of sentence | %r) = %.3f", turn_id,
+                            private_words(words), probability)
             judge.words(turn_id, probability, words, early.avg_logprob)
         # the pause still goes on (a judge that gathers nothing does not follow pauses)
         pausing = judge is None or not judge.active or judge.turn_id == turn_id
@@ -369,7 +372,7 @@ class Session:
         turn = self.book.new(now, ended_at=last_at)
         turn.dtmf = " ".join(digits)
         text = dtmf_text(digits)
-        log.info("turn %d: keys %s", turn.turn_id, " ".join(digits))
+        log_private(log, logging.INFO, "turn %d: keys %s", turn.turn_id, keys(turn.dtmf))
         await self.replies.discard_unconfirmed("the caller pressed keys")  # nobody heard it
         await self.outbound.send_event(TranscriptFinal(turn.turn_id, text, now))
         await self.replies.start(turn, text)  # not if the caller hung up meanwhile (start checks)
@@ -423,8 +426,8 @@ class Session:
             return None
         heard = self.kept.cut(turn_id, int(played_ms * self.output_rate / 1000))
         if heard is not None:
-            log.info("turn %d: the client stopped its audio at %.0f ms; the history keeps %r", turn_id,
-                     played_ms, heard)
+            log_private(log, logging.INFO, "turn %d: the client stopped its audio at %.0f ms; the history keeps %r",
+                        turn_id, played_ms, private_words(heard))
         return heard
 
     def awaits_output(self, call_id: str) -> bool:

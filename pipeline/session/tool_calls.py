@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from core.clock import Clock
+from core.private import content, log_private
 from models.llm.tool_calls import ToolCall
 from models.protocols import ChatMessage
 from pipeline.config import SessionConfig
@@ -74,8 +75,8 @@ class ToolCalls:
         if not reply.confirmed.is_set():
             if self._may_run_early(reply, call):
                 run = ToolRun(call, "server", self.clock.now())
-                log.info("turn %d: tool call %s %s(%s) (server, read-only: before the turn is confirmed)",
-                         reply.turn.turn_id, call.call_id, call.name, call.arguments)
+                log_private(log, logging.INFO, "turn %d: tool call %s %s(%s) (server, read-only: before the turn is "
+                            "confirmed)", reply.turn.turn_id, call.call_id, call.name, content(call.arguments))
                 early = (run, asyncio.create_task(self.toolbox.run(run)))
             try:
                 await reply.confirmed.wait()
@@ -102,8 +103,8 @@ class ToolCalls:
                          reply.turn.turn_id, call.call_id, earlier.call.call_id)
                 task = asyncio.create_task(asyncio.sleep(0, run))
             else:
-                log.info("turn %d: tool call %s %s(%s) (%s)", reply.turn.turn_id, call.call_id, call.name,
-                         call.arguments, run.runs_on)
+                log_private(log, logging.INFO, "turn %d: tool call %s %s(%s) (%s)", reply.turn.turn_id, call.call_id,
+                            call.name, content(call.arguments), run.runs_on)
                 task = asyncio.create_task(self.toolbox.run(run))
         reply.runs.append(run)
         reply.turn.tool_runs.append(run)

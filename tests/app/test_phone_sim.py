@@ -16,7 +16,7 @@ import uvicorn
 from websockets.exceptions import InvalidStatus
 
 from app.main import create_app
-from app.settings import PhoneConfig, Settings, TwilioConfig
+from app.settings import PhoneConfig, ServerConfig, Settings, TwilioConfig
 from pipeline.config import AsrStageConfig, EndpointingConfig, SessionConfig
 from pipeline.session import Backends
 from tests.phone_sim import PhoneSim, call_records, dial
@@ -54,7 +54,9 @@ async def served(llm: FakeLLM, finals: list[str], **more: object) -> AsyncIterat
 async def test_a_signed_call_plays_the_reply_in_real_time_and_echoes_its_marks(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="app.transports.phone.wire")
-    async with served(FakeLLM(["One two three four five six seven eight."]), ["Count to eight."]) as host:
+    # the call's record is read from the log: with the content in it (server.log_caller_content "info")
+    async with served(FakeLLM(["One two three four five six seven eight."]), ["Count to eight."],
+                      server=ServerConfig(log_caller_content="info")) as host:
         for refused_call in (PhoneSim(f"ws://{host}/twilio/media"),  # unsigned: HTTP 403, no socket
                              PhoneSim(f"ws://{host}/telnyx/media", provider="telnyx", stream_token="guess")):
             with pytest.raises(InvalidStatus) as refused:
@@ -120,3 +122,28 @@ async def test_end_call_ends_the_phone_call_after_the_goodbyes_mark() -> None:
     assert sim.marks and sim.marks[-1].played  # the goodbye's end was played...
     assert sim.closed_at is not None and sim.closed_at >= sim.marks[-1].at  # ...before the line closed
     assert len(sim.played_audio()) == 8 * 100 * 6  # the goodbye, whole: 0.1 s a word from the fake voice
+
+
+async def test_by_default_the_log_of_a_phone_call_holds_no_callers_words_keys_or_number(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """server.log_caller_content "redacted" (the default): every line about the call, at every level,
+    says what happened and how much; the words, the keys, the replies and the phone numbers stay out."""
+    caplog.set_level(logging.DEBUG)
+    llm = FakeLLM(["Rosalind, your table is booked.", "Thank you, PIN accepted."])
+    async with served(llm, ["My PIN is 4719, book a table for Rosalind."]) as host:
+        sim = await dial(f"http://{host}", f"ws://{host}", PUBLIC, TOKEN, caller="+15550001111",
+                         callee="+15550002222")
+        await sim.say(LOUD)
+        await sim.wait_until(lambda: len(call_records(caplog.text, sim.call_sid)) == 1, 10)
+        for key in "836":
+            await sim.dtmf(key)
+        await sim.wait_until(lambda: len(call_records(caplog.text, sim.call_sid)) == 2, 10)
+        await sim.hangup()
+    assert llm.requests[0][-1].content == "My PIN is 4719, book a table for Rosalind."  # heard, and only logged so
+    assert llm.requests[1][-1].content == "The caller pressed 8 3 6 on the phone keypad."
+    log = caplog.text
+    for private in ("4719", "Rosalind", "table", "booked", "PIN", "8 3 6", "5550001111", "5550002222"):
+        assert private not in log, private
+    assert "caller: [9 words]" in log and "key pressed: [1 key]" in log and "keys [3 keys]" in log
+    assert [done["text"] for done in call_records(log, sim.call_sid)] == ["[5 words]", "[4 words]"]
+    assert "'From': '+1********11'" in log

@@ -3,7 +3,8 @@ the way Twilio and Telnyx do, with signed requests, 8 kHz mu-law in real time, a
 that echoes marks once their audio has played and drops its buffer at a `clear`.
 
 The server has no text channel to a phone, so what each turn kept (the history) is read where the
-service records it: the `response.done` line it logs for every turn of a phone call."""
+service records it: the `response.done` line it logs for every turn of a phone call (with the words in
+it: server.log_caller_content "info"; by default the log keeps none, tests/e2e/test_private_logs.py)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ PROMPT = DEFAULT_SYSTEM_PROMPT + " When the caller asks for a story, tell a long
 def phone_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server, proc = start_server(tmp_path_factory.mktemp("phone"), env={
         "VOICE_AGENT_TWILIO__AUTH_TOKEN": TOKEN, "VOICE_AGENT_TWILIO__PUBLIC_URL": PUBLIC,
-        "VOICE_AGENT_TELNYX__STREAM_TOKEN": TELNYX_TOKEN, "VOICE_AGENT_SESSION__SYSTEM_PROMPT": PROMPT})
+        "VOICE_AGENT_TELNYX__STREAM_TOKEN": TELNYX_TOKEN, "VOICE_AGENT_SESSION__SYSTEM_PROMPT": PROMPT,
+        "VOICE_AGENT_SERVER__LOG_CALLER_CONTENT": "info"})  # the turns are read from the log, words and all
     yield server
     stop_server(proc)
 

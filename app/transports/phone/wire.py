@@ -29,7 +29,7 @@ from fastapi import WebSocket
 
 from app.call_log import turn_json
 from app.metrics import Metrics
-from app.redact import mask_number
+from app.redact import mask_parameters
 from app.runtime import Runtime
 from app.settings import PhoneConfig
 from app.transports.call import CLOSE_NORMAL, CLOSE_POLICY, Call, Message, SocketWriter
@@ -48,11 +48,23 @@ from app.transports.phone.messages import (
     parse_mark,
 )
 from core.errors import ProtocolError
+from core.private import Private, content, keys, log_private, words
 from pipeline.audio import mulaw_to_float, pcm16_to_mulaw
 from pipeline.events import ErrorEvent, OutEvent, ResponseDone, SpeechStarted, TranscriptFinal
 
 log = logging.getLogger(__name__)
 NONCE_PARAMETER = "nonce"  # the TwiML <Parameter> that Twilio hands back in `start`
+
+
+def logged_turn(done: ResponseDone) -> Private:
+    """A turn's `response.done` for the log (the native wire form): in full, or with the words kept
+    and each tool call's arguments, answer and error summarized (core/private.py)."""
+    record = {"type": "response.done", **turn_json(done)}
+    summary = {**record, "text": words(done.text).summary}
+    if "tool_calls" in record:
+        summary["tool_calls"] = [{**call, **{k: content(call[k]).summary for k in ("arguments", "output", "error")
+                                            if call.get(k) is not None}} for call in record["tool_calls"]]
+    return Private(json.dumps(record), json.dumps(summary))
 
 
 class PhoneOutbound:
@@ -101,13 +113,13 @@ class PhoneOutbound:
             self.metrics.error(event.code)
             log.warning("%s: turn %s: %s: %s", self.label, event.turn_id, event.code, event.message)
         elif isinstance(event, TranscriptFinal):
-            log.info("%s: turn %d: caller: %r", self.label, event.turn_id, event.text)
+            log_private(log, logging.INFO, "%s: turn %d: caller: %r", self.label, event.turn_id, words(event.text))
         elif isinstance(event, SpeechStarted):
             log.debug("%s: turn %d: the caller speaks", self.label, event.turn_id)
 
     async def _reply_done(self, done: ResponseDone) -> None:
         # The call's record of the turn, as the native socket sends it: what was kept (heard), marks.
-        log.info("%s: response.done %s", self.label, json.dumps({"type": "response.done", **turn_json(done)}))
+        log_private(log, logging.INFO, "%s: response.done %s", self.label, logged_turn(done))
         if done.turn_id != self.turn_id:
             return  # no audio of it went out
         if done.status == "interrupted":
@@ -174,7 +186,7 @@ class PhoneWire:
             if call.session is None:
                 await call.bad_message("dtmf_before_start", "a dtmf event before start")
             else:
-                log.info("%s: key %s", self.label, frame.digit)
+                log_private(log, logging.INFO, "%s: key pressed: %s", self.label, keys(frame.digit))
                 await call.session.on_dtmf(frame.digit)
         elif isinstance(frame, CallStart):
             await self.start_call(frame)
@@ -214,8 +226,7 @@ class PhoneWire:
         # the server's own tools (tools.file): a phone call has no client that could run any
         call.start_session(self.outbound, input_rate=SAMPLE_RATE, output_rate=SAMPLE_RATE,
                            toolbox=runtime.toolbox(), caller=caller)
-        shown = {k: mask_number(v) if k.lower() in ("from", "to") else v for k, v in start.parameters.items()
-                 if k != NONCE_PARAMETER}
+        shown = mask_parameters({k: v for k, v in start.parameters.items() if k != NONCE_PARAMETER})
         log.info("%s: call started (stream %s, %s)", self.label, start.stream_id, shown)
 
     async def _nonce_ok(self, start: CallStart) -> bool:
