@@ -26,6 +26,14 @@ class Refusal:
     http_status: int = 503
 
 
+def not_ready(runtime: Runtime) -> Refusal:
+    """Models still loading, or failed to load: said plainly, with the failure's code alone (its
+    text, with model paths and URLs, is for the log and for keyed or loopback probes: app/health.py)."""
+    if runtime.load_error is not None:
+        return Refusal("not_ready", f"the models failed to load ({runtime.load_error_code}); the server log says why")
+    return Refusal("not_ready", f"models are not loaded yet ({runtime.status}); try again shortly")
+
+
 def call_refusal(runtime: Runtime, *, needs_slot: bool = True) -> Refusal | None:
     """The admission checks of a call: a draining server, models not loaded, every call slot taken
     (server.max_sessions). `needs_slot`: the call takes a slot now (a phone call takes it at its
@@ -33,7 +41,7 @@ def call_refusal(runtime: Runtime, *, needs_slot: bool = True) -> Refusal | None
     if runtime.draining.is_set():
         return Refusal("shutting_down", "the server is shutting down; call again")
     if not runtime.ready.is_set():
-        return Refusal("not_ready", f"models are not loaded yet ({runtime.load_error or runtime.status})")
+        return not_ready(runtime)
     limit = runtime.settings.server.max_sessions
     if needs_slot and len(runtime.sessions) >= limit:
         return Refusal("server_busy", f"all {limit} call slots are taken; try again later")
@@ -62,7 +70,7 @@ def request_refusal(runtime: Runtime) -> Refusal | None:
     """The admission checks of a /v1 generation: models not loaded, a draining server, every
     generation slot taken (server.max_api_requests; 429, to be retried)."""
     if not runtime.ready.is_set() or runtime.backends is None:
-        return Refusal("not_ready", f"models are not loaded yet ({runtime.status})")
+        return not_ready(runtime)
     if runtime.draining.is_set():
         return Refusal("shutting_down", "the server is shutting down; try another replica or again shortly")
     limit = runtime.settings.server.max_api_requests

@@ -141,4 +141,3 @@ class Metrics:
 
     def error(self, code: str) -> None:
         self.errors.labels(code).inc()
-

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.admission import request_refusal
 from app.runtime import Runtime
-from core.errors import ConfigError, ContextLengthError, VoiceAgentError
+from core.errors import ConfigError, ContextLengthError, VoiceAgentError, plain_message
 from models.llm.tool_calls import ToolCall, parse_tools
 from models.protocols import (
     ChatMessage,
@@ -279,9 +279,14 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
 
     def failure(exc: VoiceAgentError) -> JSONResponse:
         metrics.api_requests.labels("error").inc()
-        if isinstance(exc, ContextLengthError):
+        if isinstance(exc, ContextLengthError):  # the client's own prompt: said as it is, so it can be cut
             return _error(400, str(exc), "invalid_request_error", exc.code)
-        return _error(502 if exc.retryable else 500, str(exc), "server_error", exc.code)
+        return _error(502 if exc.retryable else 500, server_failure(exc), "server_error", exc.code)
+
+    def server_failure(exc: VoiceAgentError) -> str:
+        """The plain message a client gets; the error's own text (URLs, the engine's exception) is logged."""
+        log.warning("%s: the generation failed: %s: %s", completion_id, exc.code, exc)
+        return f"{plain_message(exc.code)} (request {completion_id})"
 
     if not body.stream:
         text, calls, stats = [], [], GenerationStats()
@@ -345,7 +350,8 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
             metrics.api_requests.labels("completed").inc()
         except VoiceAgentError as exc:
             metrics.api_requests.labels("error").inc()
-            error = {"error": {"message": str(exc), "type": "server_error", "code": exc.code}}
+            message = str(exc) if isinstance(exc, ContextLengthError) else server_failure(exc)
+            error = {"error": {"message": message, "type": "server_error", "code": exc.code}}
             yield f"data: {json.dumps(error)}\n\n"
             finished = True
         finally:

@@ -23,7 +23,7 @@ from app.store import CallStore
 from app.store.traces import TurnTracer, make_tracer
 from app.vllm_metrics import VllmMetricsPoller
 from core.clock import Clock
-from core.errors import VoiceAgentError
+from core.errors import VoiceAgentError, error_code
 from models import registry
 from models.protocols import TurnDetector
 from pipeline.events import ResponseDone
@@ -123,6 +123,11 @@ class Runtime:
     def pipeline_config(self) -> PipelineConfig:
         s = self.settings
         return PipelineConfig(s.endpointing, s.asr_stage, s.chunker, s.session, s.sampling())
+
+    @property
+    def load_error_code(self) -> str | None:
+        """load_error's code alone ("model_fetch_failed"): what anyone may be shown of it."""
+        return None if self.load_error is None else error_code(self.load_error)
 
     def toolbox(self) -> ToolBox:
         """A call's tools: the server's own (tools.file), to which a client adds its own."""

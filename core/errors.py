@@ -88,3 +88,28 @@ class ProtocolError(VoiceAgentError):
         super().__init__(message)
         self.code = code
         self.fatal = fatal
+
+
+# What a caller or an API client is told of a failure on the server's side: a stable code (the
+# error's `code`) and one of these plain sentences, which say what to do. The error's own text
+# (URLs, paths, the engine's exception) goes to the log and the call's record, never to a client:
+# it shows the server's insides (docs/security.md, "What clients are told").
+PLAIN_MESSAGES = {
+    "llm_unavailable": "the language model is not reachable; try again later",
+    "context_length_exceeded": "the conversation is longer than the language model can take; start a new one",
+    "engine_error": "a model failed on the server; try again, and tell the server's operator if it keeps failing",
+    "internal_error": "the server failed unexpectedly; try again, and tell the server's operator if it keeps failing",
+}
+GENERIC_MESSAGE = "the server could not do this; try again, and tell the server's operator if it keeps failing"
+
+
+def error_code(error: str | None, default: str = "internal_error") -> str:
+    """The code of an error as the records keep it ("llm_unavailable: cannot connect to ..." -> the
+    code before the first colon), or `default`."""
+    code = (error or "").split(":", 1)[0].strip()
+    return code if code and " " not in code else default
+
+
+def plain_message(code: str) -> str:
+    """What a client is told of a server-side failure with this code (never the error's own text)."""
+    return PLAIN_MESSAGES.get(code, GENERIC_MESSAGE)

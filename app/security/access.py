@@ -2,9 +2,10 @@
 tokens for browsers' WebSockets, login cookies for the QA dashboard, allowed browser origins, and
 the start-up check that keeps a server without keys on a loopback address.
 
-The routes here: `GET /api/auth` (open: are keys needed, is this caller in), `POST /api/login` and
-`POST /api/logout` (the cookie), `POST /api/session-token` (a key or the cookie; checked by the
-guard in app/security/guard.py like the rest of /api)."""
+The routes here: `GET /api/auth` (open: are keys needed, is this caller in; a wrong key counts, as
+anywhere), `POST /api/login` and `POST /api/logout` (the cookie), `POST /api/session-token` (a key
+or the cookie; checked by the guard in app/security/guard.py like the rest of /api). A wrong key,
+token or cookie is logged with the client's address, never with what was sent."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.types import Scope
 
-from app.security.limits import address_key
+from app.security.limits import RateLimiter, address_key
 from app.security.shared import RedisUsedTokens, SharedLimit
 from app.security.shared_store import SharedStore, SharedStoreDown
 from app.security.tokens import Tokens, token_secret
@@ -141,9 +142,12 @@ def is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        ip = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:  # a dual-stack socket's IPv4 client
+        return ip.ipv4_mapped.is_loopback
+    return ip.is_loopback
 
 
 def check_exposure(server: ServerConfig) -> None:
@@ -202,10 +206,17 @@ class Access:
     async def cookie_ok(self, cookie: str | None) -> bool:
         return await self.cookie_owner(cookie) is not None
 
-    async def failed(self, address: str) -> None:
-        """A wrong key, token or cookie from `address` (refused whether or not it can be counted)."""
+    async def failed(self, address: str, route: str) -> None:
+        """A wrong key, token or cookie from `address` on `route` (refused whether or not it can be
+        counted), logged with the address, never with what was sent. Past
+        server.max_auth_failures_per_minute every route that looks at a key answers 429 (close 1013)."""
+        blocked = 0.0
         with contextlib.suppress(SharedStoreDown):  # the store is down: the next blocked_for refuses
             await self.failures.take(address)
+            blocked = await self.failures.wait(address)
+        limited = (f"; this address is refused for {RateLimiter.retry_after(blocked)} s "
+                   "(server.max_auth_failures_per_minute)" if blocked else "")
+        log.warning("a wrong key, token or login cookie from %s on %s%s", address, route[:100], limited)
 
     async def blocked_for(self, address: str) -> float:
         """Seconds until `address` may try a key again (0: now); SharedStoreDown when that cannot be
@@ -248,11 +259,17 @@ class SessionToken(BaseModel):
 
 @router.get("/auth")
 async def auth_state(request: Request) -> AuthState:
-    """Open to all: whether keys are needed, and whether this caller (Bearer or cookie) is in."""
+    """Open to all: whether keys are needed, and whether this caller (Bearer or cookie) is in. A
+    wrong key or cookie here counts as one on any route (past the limit the guard answers 429), so
+    this is no quicker a way to guess keys than any other."""
     access = _access(request)
-    authorized = (not access.keys.required or access.bearer_ok(request.headers.get("authorization"))
-                  or await access.cookie_ok(request.cookies.get(LOGIN_COOKIE)))
-    return AuthState(keys_required=access.keys.required, authorized=authorized)
+    if not access.keys.required:
+        return AuthState(keys_required=False, authorized=True)
+    authorization, cookie = request.headers.get("authorization"), request.cookies.get(LOGIN_COOKIE)
+    authorized = access.bearer_ok(authorization) or await access.cookie_ok(cookie)
+    if not authorized and (authorization or cookie):
+        await access.failed(address_of(request.scope), "/api/auth")
+    return AuthState(keys_required=True, authorized=authorized)
 
 
 @router.post("/login", response_model=None)
@@ -262,7 +279,7 @@ async def login(body: Login, request: Request) -> Response:
     access = _access(request)
     owner = access.keys.identify(body.key) if access.keys.required else address_of(request.scope)
     if owner is None:
-        await access.failed(address_of(request.scope))
+        await access.failed(address_of(request.scope), "/api/login")
         return JSONResponse({"error": {"code": "unauthorized", "message": "that is not a valid key"}},
                             status_code=401)
     response = JSONResponse({"expires_in": int(access.logins.ttl_s)})

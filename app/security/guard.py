@@ -8,8 +8,9 @@ set, but the few that are open by design (OPEN_PATHS: the page, its static files
 routes, the phone webhook with its own signature).
 
 HTTP: `Authorization: Bearer <key>` (`/api` and `/qa` also take the login cookie); a wrong key,
-token or cookie is counted per address, and past server.max_auth_failures_per_minute every
-authenticated route answers 429 for the rest of the minute. `/v1` requests (and login attempts) are
+token or cookie is counted per address (and logged with it, never with the key), and past
+server.max_auth_failures_per_minute every authenticated route, and the open ones that look at a key
+(`/api/auth`, `/api/login`), answers 429 for the rest of the minute. `/v1` requests (and login attempts) are
 rate-limited per client (429 + Retry-After). The body is read here, whole, before any route sees
 it: larger than server.max_body_bytes is 413, slower than server.body_timeout_s is 408.
 
@@ -72,6 +73,9 @@ RATE_LIMITS = "voice_agent.rate_limits"  # scope key: what the socket's client h
 OPEN_PATHS = frozenset({"/", "/healthz", "/livez", "/readyz", "/api/auth", "/api/login", "/api/logout", "/twilio/voice",
                         "/twilio/media", "/telnyx/media"})
 OPEN_PREFIXES = ("/static/",)
+# open routes that look at a key (and count a wrong one): held back, as every authenticated route
+# is, from an address past server.max_auth_failures_per_minute
+KEY_CHECKING = frozenset({"/api/auth", "/api/login"})
 PHONE_SOCKETS = frozenset({"/twilio/media", "/telnyx/media"})
 ANY_HOST = frozenset({"/healthz", "/livez", "/readyz"})  # probes name the pod's address
 LOGIN_PAGE = Path(__file__).parents[1] / "static" / "login.html"
@@ -156,7 +160,7 @@ class Guard:
         """The key and the rate of an HTTP request: True when it may go on, else it was answered here."""
         address = address_of(scope)
         owner: str | None = None
-        if (self.access.keys.required and _needs_key(path)) or path == "/api/login":
+        if (self.access.keys.required and (_needs_key(path) or path in KEY_CHECKING)) or path == "/api/login":
             blocked = await self.access.blocked_for(address)
             if blocked:
                 await self._too_many_failures(send, blocked)
@@ -165,7 +169,7 @@ class Guard:
             owner, presented = await self._owner(path, headers)
             if owner is None:
                 if presented:
-                    await self.access.failed(address)
+                    await self.access.failed(address, path)
                 if (path == "/qa" or path.startswith("/qa/")) and "text/html" in headers.get("accept", ""):
                     await _respond(send, 401, LOGIN_PAGE.read_bytes(), "text/html; charset=utf-8")
                     return False
@@ -273,7 +277,7 @@ class Guard:
                 owner = self.access.keys.identify(realtime_key)
             if owner is None:
                 if headers.get("authorization") or tokens or realtime_key:
-                    await self.access.failed(address)
+                    await self.access.failed(address, get_route_path(scope))
                 await _accept_and_close(receive, send, CLOSE_POLICY, WS_KEY_HINT)
                 return None
         client = owner or address

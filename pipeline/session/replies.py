@@ -13,7 +13,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from core.clock import Clock
-from core.errors import VoiceAgentError
+from core.errors import VoiceAgentError, error_code, plain_message
 from models.llm.tool_calls import ToolCall, Tools
 from models.protocols import ChatMessage, Conversation
 from pipeline.audio import resample
@@ -253,8 +253,9 @@ class Replies:
                 detail = f"{type(exc).__name__}: {exc}"
                 log.error("turn %d: the reply failed: %s", turn.turn_id, detail, exc_info=exc)
                 reply.error = f"{code}: {detail}"  # the call's record keeps the detail; the caller gets
-                told = str(exc) if isinstance(exc, VoiceAgentError) else "an unexpected error (in the server log)"
-                await reply.send(self.outbound, ErrorEvent(code, f"the reply failed: {told}", turn.turn_id))
+                # the code and a plain message (the detail may show the server's insides: URLs, paths)
+                await reply.send(self.outbound, ErrorEvent(code, f"the reply failed: {plain_message(code)}",
+                                                           turn.turn_id))
         finally:
             reply.produced.set()
             reply.playout.put_nowait(None)  # the player always learns that nothing more is coming
@@ -265,8 +266,9 @@ class Replies:
     async def _apologize(self, reply: Reply) -> None:
         """The LLM failed: say a short apology, unless reply audio was already queued (never fall
         back once the turn has sent audio)."""
-        code = (reply.error or "engine_error").split(":", 1)[0]
-        await reply.send(self.outbound, ErrorEvent(code, f"the reply failed: {reply.error}", reply.turn.turn_id))
+        code = error_code(reply.error, "engine_error")  # the detail stays in the record (reply.error) and the log
+        await reply.send(self.outbound, ErrorEvent(code, f"the reply failed: {plain_message(code)}",
+                                                   reply.turn.turn_id))
         ack = self.toolbox.config.acknowledgement.strip() if self.toolbox is not None else ""
         acknowledged_only = bool(ack) and not reply.runs and reply.ledger.full_text().strip() == ack
         if (reply.ledger.produced and not acknowledged_only) or not reply.speaks:

@@ -131,6 +131,7 @@ FAULTS = [
 class Outcome:
     fault: str
     error_code: str | None = None  # the error event the caller got, if any
+    error_message: str | None = None  # its message (a plain one: never the engine's own text)
     error_s: float | None = None  # end of speech -> error event
     first_audio_s: float | None = None  # end of speech -> the first audio heard (the apology, or the reply)
     first_status: str | None = None  # the faulty turn's response.done status
@@ -143,6 +144,8 @@ class Outcome:
     kept_turns: int = 0  # turns in the call store for the faulty call
     sent_turns: int = 0  # response.done events sent on it
     end_reason: str | None = None
+    stored_errors: list[str] = field(default_factory=list)  # the turns' errors in the call store (the detail)
+    llm_url: str = ""  # the scripted LLM server's base URL (which the caller must never be shown)
     notes: list[str] = field(default_factory=list)
 
 
@@ -200,6 +203,7 @@ async def run_fault(fault: Fault) -> Outcome:
 
     out = Outcome(fault.name)
     async with FakeLLMServer(script).running() as llm_server:
+        out.llm_url = llm_server.base_url
         with tempfile.TemporaryDirectory() as tmp:
             runtime = await make_runtime(llm_server.base_url, tmp)
             asr, tts = runtime.backends.asr, runtime.backends.tts  # type: ignore[union-attr]
@@ -275,6 +279,7 @@ async def first_turn(fault: Fault, caller: Caller, spoke: float, out: Outcome) -
     if errors:
         out.error_s = errors[0][0] - spoke
         out.error_code = errors[0][1]["code"]
+        out.error_message = errors[0][1]["message"]
     audio = [at for at, e in caller.seen if is_audio(e)]
     if audio:
         out.first_audio_s = audio[0] - spoke
@@ -292,5 +297,6 @@ async def check_records(runtime: Runtime, caller: Caller, out: Outcome) -> None:
         return
     call, turns = found
     out.kept_turns = len(turns)
+    out.stored_errors = [turn.error for turn in turns if turn.error]
     if call.end_reason != out.end_reason:
         out.notes.append(f"stored end reason {call.end_reason!r}, expected {out.end_reason!r}")

@@ -445,3 +445,56 @@ async def test_the_phone_routes_keep_their_own_checks_and_take_no_key(keyed: htt
     reply = await keyed.post("/twilio/voice", data={"CallSid": "CA1"})
     assert reply.status_code == 403  # Twilio's signature check (no auth token here), not the key
     assert "www-authenticate" not in reply.headers
+
+
+# -- /api/auth is no oracle -------------------------------------------------------------------------
+
+async def test_wrong_keys_on_api_auth_are_counted_limited_and_logged_without_the_key(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """/api/auth says whether a key is good: each wrong one counts as on any authenticated route,
+    past the limit it answers 429 (and so does every route that takes a key), and each is logged
+    with the client's address, never with the key."""
+    app = fake_app(api_keys=[KEY], max_auth_failures_per_minute=3)
+    transport = httpx.ASGITransport(app=app, client=("198.51.100.23", 40123))
+    caplog.set_level(logging.WARNING, logger="app.security.access")
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        assert (await client.get("/api/auth")).json() == {"keys_required": True, "authorized": False}  # not counted
+        for n in range(3):
+            reply = await client.get("/api/auth", headers={"authorization": f"Bearer guess-{n}-{KEY[:8]}"})
+            assert reply.json() == {"keys_required": True, "authorized": False}
+        blocked = await client.get("/api/auth", headers=BEARER)  # even the right key waits out the minute
+        assert blocked.status_code == 429 and int(blocked.headers["retry-after"]) >= 1
+        assert blocked.json()["error"]["code"] == "too_many_failures"
+        assert (await client.get("/v1/models", headers=BEARER)).status_code == 429  # one count for every route
+        assert (await client.get("/healthz")).status_code != 429
+    lines = [r.getMessage() for r in caplog.records if r.name == "app.security.access"]
+    assert len(lines) == 3 and all("198.51.100.23" in line and "/api/auth" in line for line in lines), lines
+    assert "refused for" in lines[-1]  # the failure that used up the minute says so
+    assert not any("guess-" in r.getMessage() or KEY in r.getMessage() for r in caplog.records)
+
+
+async def test_a_wrong_login_cookie_on_api_auth_counts_too() -> None:
+    async with await client_for(api_keys=[KEY], max_auth_failures_per_minute=2) as client:
+        for _ in range(2):
+            client.cookies.set(access_module.LOGIN_COOKIE, "not-a-login")
+            assert (await client.get("/api/auth")).json()["authorized"] is False
+        client.cookies.clear()
+        assert (await client.get("/api/auth", headers=BEARER)).status_code == 429
+
+
+async def test_api_auth_counts_nothing_without_keys() -> None:
+    async with await client_for(max_auth_failures_per_minute=1) as client:
+        for _ in range(3):
+            reply = await client.get("/api/auth", headers={"authorization": "Bearer anything"})
+            assert reply.json() == {"keys_required": False, "authorized": True}
+
+
+async def test_every_wrong_key_is_logged_with_the_address_not_the_key(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="app.security.access")
+    async with await client_for(api_keys=[KEY]) as client:
+        await client.get("/v1/models", headers={"authorization": "Bearer wrong-key-1234"})
+        await client.post("/api/login", json={"key": "wrong-key-5678"})
+    lines = [r.getMessage() for r in caplog.records if r.name == "app.security.access"]
+    assert len(lines) == 2 and "/v1/models" in lines[0] and "/api/login" in lines[1], lines
+    assert all("127.0.0.1" in line for line in lines)
+    assert not any("wrong-key" in r.getMessage() for r in caplog.records)

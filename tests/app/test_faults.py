@@ -4,9 +4,11 @@ error, the server stays up, the next turn is answered right, and the call's reco
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
+from core.errors import plain_message
 from tests.app.fault_scenarios import FAULTS, GOOD_REPLY, Fault, run_fault
 
 
@@ -31,3 +33,21 @@ async def test_a_fault_gets_an_apology_or_a_clean_error_and_the_call_goes_on(fau
         assert out.kept_turns == 1
     if not fault.caller:
         assert out.kept_turns == out.sent_turns  # every turn the caller was told of is in the store
+
+
+INSIDES = ["llm_refuses", "llm_stalls_before_first_token", "llm_stalls_mid_reply", "llm_500", "tts_raises"]
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f.name in INSIDES], ids=INSIDES)
+async def test_the_caller_is_told_a_code_and_a_plain_message_the_detail_goes_to_the_log_and_the_record(
+        fault: Fault, caplog: pytest.LogCaptureFixture) -> None:
+    """The engine's error names the LLM server's URL, or carries its exception's text: the caller's
+    error event says the code and what to do; the log and the call's record keep the detail."""
+    caplog.set_level(logging.INFO)
+    out = await asyncio.wait_for(run_fault(fault), 60)
+    detail = "(injected)" if fault.name in ("llm_500", "tts_raises") else out.llm_url
+    assert out.error_code is not None and out.error_message, out
+    assert detail not in out.error_message and "http://" not in out.error_message, out.error_message
+    assert out.error_message == f"the reply failed: {plain_message(out.error_code)}"
+    assert any(detail in error for error in out.stored_errors), out.stored_errors
+    assert detail in caplog.text

@@ -1,6 +1,7 @@
 """/livez, /readyz and /healthz on a real server with fake engines (named as fakes): readiness
 follows the admission checks every call passes (loading, draining, no free call slot), liveness
-fails only when the models failed to load, and /metrics says the replica's slots."""
+fails only when the models failed to load, and /metrics says the replica's slots. What failed to
+load is shown whole only to a loopback or keyed probe; anyone else reads its code."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi import FastAPI
 from websockets.asyncio.client import connect
 
 from app.main import create_app
@@ -71,8 +73,9 @@ async def test_a_replica_whose_models_failed_to_load_is_not_alive() -> None:
         runtime.load_error, runtime.status = "model_fetch_failed: the pack's checksum differs", "failed"
         status, body = probe(address, "/livez")
         assert status == 503 and body["status"] == "failed" and "checksum" in str(body["error"])
-        status, body = probe(address, "/readyz")
-        assert status == 503 and body["status"] == "not_ready" and "checksum" in str(body["reason"])
+        status, body = probe(address, "/readyz")  # from loopback: the detail; the reason is plain
+        assert status == 503 and body["status"] == "not_ready" and "checksum" in str(body["error"])
+        assert "model_fetch_failed" in str(body["reason"]) and "checksum" not in str(body["reason"])
 
 
 def test_a_missing_end_of_turn_decision_file_stops_the_server_as_it_starts(tmp_path: Path) -> None:
@@ -90,3 +93,73 @@ def test_a_missing_end_of_turn_decision_file_stops_the_server_as_it_starts(tmp_p
     assert missing in str(caught.value)
     rule = settings.model_copy(update={"endpointing": EndpointingConfig(decision="rule", decision_file=missing)})
     assert create_app(rule, backends=backends) is not None  # the hand-set rule needs no file
+
+
+# -- what a probe may read of a failed load ---------------------------------------------------------
+
+KEY = "k-0123456789abcdef-secret"
+LOAD_ERROR = "model_missing: /srv/models/qwen2.5-7b-instruct-q4.gguf is not in the cache (http://models.internal/packs)"
+
+
+def failed_app(**server: object) -> FastAPI:
+    app = fake_app(**server)
+    runtime = app.state.runtime
+    runtime.ready.clear()  # the state a failed load leaves (Runtime.load)
+    runtime.load_error, runtime.status = LOAD_ERROR, "failed"
+    return app
+
+
+def client_at(app: FastAPI, address: str, host: str = "127.0.0.1") -> httpx.AsyncClient:
+    """A client whose requests come from `address` (as the server sees it), naming `host`."""
+    transport = httpx.ASGITransport(app=app, client=(address, 40123))
+    return httpx.AsyncClient(transport=transport, base_url=f"http://{host}")
+
+
+@pytest.mark.parametrize("path", ["/livez", "/readyz", "/healthz"])
+async def test_a_failed_load_s_detail_is_for_loopback_or_keyed_probes_only(path: str) -> None:
+    """Anyone who reaches a probe reads the failure's code; its text (model paths, internal URLs)
+    only a loopback client, or one with a valid key, reads."""
+    app = failed_app(api_keys=[KEY], host="0.0.0.0")
+    async with client_at(app, "203.0.113.7") as far:
+        body = (await far.get(path)).json()
+        assert body["error"] == "model_missing", body
+        assert "/srv/models" not in json.dumps(body) and "models.internal" not in json.dumps(body)
+        keyed = (await far.get(path, headers={"authorization": f"Bearer {KEY}"})).json()
+        assert keyed["error"] == LOAD_ERROR
+    async with client_at(app, "127.0.0.1") as near:
+        assert (await near.get(path)).json()["error"] == LOAD_ERROR
+    for loopback in ("::1", "::ffff:127.0.0.1"):  # IPv6, and an IPv4 client on a dual-stack socket
+        async with client_at(app, loopback) as near:
+            assert (await near.get(path)).json()["error"] == LOAD_ERROR
+    async with client_at(app, "::ffff:203.0.113.7") as mapped:
+        assert (await mapped.get(path)).json()["error"] == "model_missing"
+
+
+async def test_a_loopback_probe_for_a_foreign_host_gets_the_code_alone() -> None:
+    """A web page that points its own name at 127.0.0.1 (DNS rebinding) reaches the probe from
+    loopback, but names its own host: it reads no more than anyone."""
+    async with client_at(failed_app(), "127.0.0.1", host="attacker.example") as page:
+        assert (await page.get("/healthz")).json()["error"] == "model_missing"
+
+
+async def test_wrong_keys_on_a_probe_count_and_read_nothing() -> None:
+    """A probe is no key oracle: a wrong key reads the code alone and counts as a wrong key on any
+    route; past the limit even the right key reads no detail (and the probe still answers)."""
+    app = failed_app(api_keys=[KEY], host="0.0.0.0", max_auth_failures_per_minute=2)
+    async with client_at(app, "203.0.113.7") as far:
+        for n in range(2):
+            guessed = await far.get("/livez", headers={"authorization": f"Bearer guess-{n}"})
+            assert guessed.status_code == 503 and guessed.json()["error"] == "model_missing"
+        right = await far.get("/livez", headers={"authorization": f"Bearer {KEY}"})
+        assert right.status_code == 503 and right.json()["error"] == "model_missing"
+        assert (await far.get("/v1/models", headers={"authorization": f"Bearer {KEY}"})).status_code == 429
+
+
+async def test_a_refused_call_is_told_the_code_not_the_detail() -> None:
+    """Admission's reason (the /readyz `reason`, a refused call's close reason, a /v1 503) is plain."""
+    app = failed_app()
+    async with client_at(app, "127.0.0.1") as near:
+        reply = await near.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert reply.status_code == 503
+    message = reply.json()["error"]["message"]
+    assert "model_missing" in message and "/srv/models" not in message and "models.internal" not in message

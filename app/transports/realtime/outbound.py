@@ -17,6 +17,7 @@ from app.metrics import Metrics
 from app.transports.call import SocketWriter
 from app.transports.realtime.idle import IdleTimer
 from app.transports.realtime.messages import Dialect, error_event, message_item, new_id
+from core.errors import error_code
 from models.llm.tool_calls import ToolCall
 from pipeline.audio import pcm16_to_alaw, pcm16_to_mulaw
 from pipeline.events import (
@@ -337,8 +338,9 @@ class RealtimeOutbound:
         if status == "cancelled":
             details = {"type": "cancelled", "reason": "turn_detected"}
         elif status == "failed":
+            # the code alone: the record's error text (done.error) may show the server's insides
             details = {"type": "failed", "error": {"type": "server_error",
-                                                   "code": (done.error if done else None) or "failed"}}
+                                                   "code": error_code(done.error if done else None, "failed")}}
         prompt, completion = (stats.prompt_tokens, stats.completion_tokens) if stats else (0, 0)
         usage = {
             "total_tokens": prompt + completion, "input_tokens": prompt, "output_tokens": completion,
