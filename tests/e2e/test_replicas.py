@@ -8,9 +8,11 @@ Shown: a session token minted through the balancer opens a call on another repli
 every replica, and their recordings, are seen through any one; a key's limit on calls holds across
 replicas; SIGTERM to a replica mid-reply lets its caller hear the reply and the goodbye while the
 balancer takes it out (its /readyz) and new calls land on the others, its record complete; SIGKILL
-loses only the calls on the killed replica, whose finished turns are kept. A test that stops a
-replica starts it again (same port) before it ends, so the tests hold in any order; each uses a key
-of its own, so a killed replica's call lease (which lapses in 60 s) counts against no other test."""
+loses only the calls on the killed replica, whose finished turns are kept; a restart of PostgreSQL
+and Redis mid-call loses no finished turn and the call goes on talking. A test that stops a replica
+or a shared server starts it again (same port) before it ends, so the tests hold in any order; each
+uses a key of its own, so a killed replica's call lease (which lapses in 60 s) counts against no
+other test."""
 
 from __future__ import annotations
 
@@ -32,15 +34,16 @@ import pytest
 from app.client import VoiceClient
 from tests.e2e.conftest import Server, start_server, stop_server
 from tests.haproxy_server import Balancer, haproxy
-from tests.postgres_server import postgres_server
-from tests.redis_server import redis_server
+from tests.needs import missing
+from tests.postgres_server import GIVEN_URL, PostgresServer, postgres_cluster
+from tests.redis_server import RedisServer, redis_process
 from tests.s3_server import s3_server
 from tests.speech import speech_samples
 
 pytestmark = pytest.mark.slow
 NAMES = ("a", "b", "c")
 KEYS = {test: f"replica-test-key-{test}-0123456789"
-        for test in ("token", "seen", "limit", "sigterm", "sigterm-newcomers", "sigkill")}
+        for test in ("token", "seen", "limit", "sigterm", "sigterm-newcomers", "sigkill", "restart")}
 BUCKET = "calls"
 DRAIN_S = 30.0
 
@@ -61,6 +64,8 @@ class Cluster:
     env: dict[str, str]
     balancer: Balancer
     replicas: dict[str, Replica]
+    redis: RedisServer
+    postgres: PostgresServer | None  # None: VOICE_AGENT_TEST_POSTGRES_URL's server, which the tests cannot restart
 
     def restart(self, name: str) -> None:
         """Start a stopped replica again on its port; returns once the balancer holds it UP."""
@@ -80,8 +85,9 @@ class Cluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("replicas")
     with contextlib.ExitStack() as stack:
-        database = stack.enter_context(postgres_server())
-        redis_url = stack.enter_context(redis_server(tmp))
+        postgres = None if GIVEN_URL else stack.enter_context(postgres_cluster())
+        database = postgres.url if postgres is not None else GIVEN_URL
+        redis = stack.enter_context(redis_process(tmp))
         (tmp / "s3").mkdir()
         endpoint = stack.enter_context(s3_server(tmp / "s3"))
         import boto3
@@ -93,11 +99,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         env = {
             "VOICE_AGENT_LLM__ENGINE": "openai", "VOICE_AGENT_LLM__BASE_URL": llm.base_url + "/v1",
             "VOICE_AGENT_LLM__REMOTE_MODEL": "qwen2.5-coder-0.5b-instruct-q4_k_m",
+            # the stand-in shares a few CPU cores with three replicas: a pause in its tokens longer than the
+            # 1.5 s a GPU server is allowed is load here, not a stalled server
+            "VOICE_AGENT_LLM__READ_TIMEOUT_S": "30",
             "VOICE_AGENT_STORAGE__URL": database, "VOICE_AGENT_STORAGE__RECORDINGS": "true",
             "VOICE_AGENT_STORAGE__RECORDINGS_URL": f"s3://{BUCKET}/recordings",
             "VOICE_AGENT_STORAGE__S3_ENDPOINT_URL": endpoint,
             "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-            "VOICE_AGENT_SERVER__REDIS_URL": redis_url,
+            "VOICE_AGENT_SERVER__REDIS_URL": redis.url,
             "VOICE_AGENT_SERVER__TOKEN_SECRET": "replica-test-secret-0123456789",
             "VOICE_AGENT_SERVER__API_KEYS": json.dumps(list(KEYS.values())),
             "VOICE_AGENT_SERVER__TRUSTED_PROXIES": '["127.0.0.1"]',
@@ -110,7 +119,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         replicas = {name: Replica(server, proc) for name, (server, proc) in zip(NAMES, started, strict=True)}
         try:
             balancer = stack.enter_context(haproxy(tmp, {name: r.port for name, r in replicas.items()}))
-            yield Cluster(tmp, env, balancer, replicas)
+            yield Cluster(tmp, env, balancer, replicas, redis, postgres)
         finally:
             for replica in replicas.values():
                 if replica.proc.poll() is None:
@@ -295,3 +304,37 @@ async def test_sigkill_loses_only_the_calls_on_that_replica_and_keeps_their_fini
         await spared.close()
         cluster.replicas[victim].proc.wait(20)
         cluster.restart(victim)
+
+
+async def test_a_restart_of_postgresql_and_redis_mid_call_loses_no_turn_and_the_call_goes_on(
+        cluster: Cluster, tmp_path: Path) -> None:
+    key = KEYS["restart"]
+    postgres = cluster.postgres
+    if postgres is None:
+        missing("restarting PostgreSQL needs the tests' own server, not VOICE_AGENT_TEST_POSTGRES_URL")
+    client = await call_on(cluster, "c", key)
+    try:
+        await speak(client, "What is the capital of France?", tmp_path)
+        await asyncio.to_thread(postgres.stop)  # a restart of both shared servers: down...
+        await asyncio.to_thread(cluster.redis.stop)
+        await speak(client, "What is the capital of Italy?", tmp_path, done=2)  # its turn waits to be stored
+        await asyncio.to_thread(postgres.start)  # ...and up again, well within storage.write_retry_s
+        await asyncio.to_thread(cluster.redis.start)
+        await speak(client, "What is the capital of Spain?", tmp_path, done=3)
+        newcomer = await call_on(cluster, "a", key)  # new calls are let in again
+        await newcomer.close()
+        await client.send_json({"type": "session.end"})
+        await client.wait_closed(30)
+        async with cluster.api("b", key) as api:
+            body = await record(api, client.session["session_id"], turns=3, ended=True, timeout=90)
+        assert len({t["turn_id"] for t in body["turns"]}) == 3, body["turns"]  # every finished turn, once
+        assert all(t["user_text"] and t["generated_text"] for t in body["turns"]), body["turns"]
+        assert body["call"]["turns"] == 3 and body["call"]["ended_at"] is not None, body["call"]
+        answers = client.events("response.done")  # each question heard its answer: down or up, the call talked on
+        assert [a["status"] for a in answers] == ["completed"] * 3 and all(a["text"] for a in answers), answers
+    finally:
+        await client.close()
+        if not await asyncio.to_thread(postgres.running):  # the next test finds both running, whatever happened
+            await asyncio.to_thread(postgres.start)
+        if not cluster.redis.running:
+            await asyncio.to_thread(cluster.redis.start)
