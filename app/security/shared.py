@@ -116,7 +116,7 @@ RENEW = """
 local now_t = redis.call('TIME')
 local until_ = tonumber(now_t[1]) + tonumber(now_t[2]) / 1000000 + tonumber(ARGV[1])
 for i = 2, #ARGV do
-  redis.call('ZADD', KEYS[i - 1], 'XX', until_, ARGV[i])
+  redis.call('ZADD', KEYS[i - 1], until_, ARGV[i])
   redis.call('EXPIRE', KEYS[i - 1], math.ceil(tonumber(ARGV[1])) + 1)
 end
 return 1
@@ -223,7 +223,8 @@ class SharedCallCounter:
             await self.renew()
 
     async def renew(self) -> None:
-        """Every call this replica holds keeps its place for another `lease_s`."""
+        """Every call this replica holds keeps its place for another `lease_s`; a place Redis lost
+        (a restart without persistence) is put back, so the calls in progress count again."""
         held = dict(self.held)
         if not held or self.shared is None:
             return
@@ -234,6 +235,9 @@ class SharedCallCounter:
             log.warning("Redis cannot be reached to renew %d %s places (%s)", len(held), self.name, exc)
         else:
             self.shared.answered()
+        for lease, key in held.items():  # a call that ended meanwhile: its removal may have run first
+            if lease not in self.held:
+                self._leave(key, lease)
 
 
 class RedisUsedTokens:

@@ -20,6 +20,9 @@ from collections.abc import Callable
 from typing import Literal
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from core.errors import VoiceAgentError
@@ -50,8 +53,12 @@ class SharedStoreDown(VoiceAgentError):
 
 
 def connect(url: str) -> Redis:
-    """A client for server.redis_url (redis://, rediss://, unix://); it connects on first use."""
-    return Redis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, decode_responses=True)
+    """A client for server.redis_url (redis://, rediss://, unix://); it connects on first use. A
+    command that meets a closed connection is sent once more on a new one: after Redis restarts,
+    every idle pooled connection is dead, and without this the first command on each of them
+    failed (a limit let through, a one-use token refused) though Redis was back."""
+    return Redis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, decode_responses=True,
+                          retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError])
 
 
 class SharedStore:

@@ -246,3 +246,39 @@ async def test_a_closed_replica_is_ready_again_once_redis_answers(tmp_path: Path
             async with connect(f"ws://{address}/ws") as ws:
                 await ws.send(START)
                 assert json.loads(await ws.recv())["type"] == "session.started"
+
+
+async def test_after_redis_restarts_the_first_check_on_an_idle_connection_answers(tmp_path: Path) -> None:
+    """A Redis restart leaves every pooled connection dead: the next command on one is sent again on
+    a new connection instead of counting as an outage (a limit let through, a token refused)."""
+    with redis_process(tmp_path) as server:
+        seen: list[bool] = []
+        store = SharedStore.from_url(server.url, "closed", seen.append)
+        limit = SharedLimit("restart", 100, MonotonicClock(), store)
+        assert await limit.take("127.0.0.9") == 0
+        server.stop()
+        server.start()
+        assert await limit.take("127.0.0.9") == 0  # `closed` raises SharedStoreDown had the command failed
+        assert False not in seen and store.failures == 0
+        await store.redis.aclose()
+
+
+async def test_calls_in_progress_count_again_after_redis_restarts_and_forgets_them(tmp_path: Path) -> None:
+    """Redis runs without saving: a restart forgets every call's place. The next renewal puts the
+    places of this replica's calls back, so a key's limit holds again; a call that ended stays out."""
+    with redis_process(tmp_path) as server:
+        one, other = SharedStore.from_url(server.url), SharedStore.from_url(server.url)
+        first, second = SharedCallCounter("key calls", 2, one), SharedCallCounter("key calls", 2, other)
+        staying, leaving = await first.enter("key:abc"), await first.enter("key:abc")
+        assert staying is not None and leaving is not None
+        server.stop()
+        server.start()
+        leaving.release()  # hung up while Redis was away
+        await first.renew()
+        newcomer = await second.enter("key:abc")
+        assert newcomer is not None
+        assert await second.enter("key:abc") is None  # the limit of 2: `staying` counts again
+        newcomer.release()
+        staying.release()
+        await one.aclose()
+        await other.aclose()
