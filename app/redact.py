@@ -10,7 +10,11 @@ SECRET_QUERY = re.compile(r"([?&](?:token|key|api_key|access_token)=)[^&\s\"']*"
 URI = re.compile(r"(?P<scheme>(?:sips?|tel):)(?P<user>[^@;]+)(?P<host>[@;].*)?$", re.IGNORECASE)
 PHONE = re.compile(r"\+?[\d\s().-]+")  # digits, perhaps spaced or punctuated
 NUMBER_NAMES = frozenset({"from", "to", "caller", "called", "callerid", "caller_id", "ani", "dnis"})
-VALUE_LOGGERS = ("aiosqlite",)  # its DEBUG lines are each SQL statement with its parameters
+# Libraries whose lines show values callers gave, and the level below which they are held back:
+# aiosqlite's DEBUG lines are each SQL statement with its parameters; httpx's and httpcore's INFO
+# and DEBUG lines are each request's URL, which for a server tool called with GET or DELETE holds
+# the tool's arguments in its query (a PIN, a name: pipeline/tools.py).
+VALUE_LOGGERS = {"aiosqlite": logging.INFO, "httpx": logging.WARNING, "httpcore": logging.WARNING}
 SERVER_LOGGERS = ("uvicorn.access", "uvicorn.error")  # uvicorn writes each request's path with its query here
 
 
@@ -31,10 +35,11 @@ class RedactQuery(logging.Filter):
 
 
 def hold_value_loggers(caller_content: str) -> None:
-    """Libraries whose DEBUG lines show every value the call store writes (transcripts, replies,
-    numbers): held to INFO unless the log may show callers' content (server.log_caller_content "info")."""
-    for name in VALUE_LOGGERS:
-        logging.getLogger(name).setLevel(logging.NOTSET if caller_content == "info" else logging.INFO)
+    """Libraries whose lines show values callers gave (VALUE_LOGGERS: what the call store writes,
+    a tool's arguments in a URL): held back unless the log may show callers' content
+    (server.log_caller_content "info")."""
+    for name, level in VALUE_LOGGERS.items():
+        logging.getLogger(name).setLevel(logging.NOTSET if caller_content == "info" else level)
 
 
 def install_log_redaction() -> None:

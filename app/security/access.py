@@ -216,7 +216,7 @@ class Access:
             blocked = await self.failures.wait(address)
         limited = (f"; this address is refused for {RateLimiter.retry_after(blocked)} s "
                    "(server.max_auth_failures_per_minute)" if blocked else "")
-        log.warning("a wrong key, token or login cookie from %s on %s%s", address, route[:100], limited)
+        log.warning("a wrong key, token or login cookie from %s on %r%s", address, route[:100], limited)
 
     async def blocked_for(self, address: str) -> float:
         """Seconds until `address` may try a key again (0: now); SharedStoreDown when that cannot be

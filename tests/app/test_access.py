@@ -473,6 +473,17 @@ async def test_wrong_keys_on_api_auth_are_counted_limited_and_logged_without_the
     assert not any("guess-" in r.getMessage() or KEY in r.getMessage() for r in caplog.records)
 
 
+async def test_a_path_cannot_forge_a_line_in_the_wrong_key_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """The path is the client's, percent-decoded: a newline in it stays quoted in the one line."""
+    app = fake_app(api_keys=[KEY])
+    transport = httpx.ASGITransport(app=app, client=("198.51.100.24", 40123))
+    caplog.set_level(logging.WARNING, logger="app.security.access")
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+        await client.get("/v1/models%0AINFO%20forged", headers={"authorization": "Bearer wrong"})
+    [line] = [r.getMessage() for r in caplog.records if r.name == "app.security.access"]
+    assert "forged" in line and len(line.splitlines()) == 1, line
+
+
 async def test_a_wrong_login_cookie_on_api_auth_counts_too() -> None:
     async with await client_for(api_keys=[KEY], max_auth_failures_per_minute=2) as client:
         for _ in range(2):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import pytest
 from pydantic import ValidationError
@@ -15,13 +14,9 @@ from core.private import caller_content, set_caller_content
 
 
 @pytest.fixture
-def mode(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """The process-wide mode create_app sets, put back after the test; the log at DEBUG."""
-    before, level = caller_content(), logging.getLogger("aiosqlite").level
+def mode(caplog: pytest.LogCaptureFixture) -> None:
+    """The log at DEBUG (the process-wide mode create_app sets is put back by tests/conftest.py)."""
     caplog.set_level(logging.DEBUG)
-    yield
-    set_caller_content(before)
-    logging.getLogger("aiosqlite").setLevel(level)
 
 
 def test_a_number_keeps_its_country_codes_first_digit_and_last_two_digits() -> None:
@@ -57,5 +52,7 @@ def test_the_app_puts_the_setting_in_force(mode: None, value: str) -> None:
     set_caller_content("info" if value != "info" else "redacted")
     create_app(Settings(server=ServerConfig(log_caller_content=value)))  # type: ignore[arg-type]
     assert caller_content() == value
-    # the call store's driver logs each statement with its values (the transcripts) at DEBUG
+    # the call store's driver logs each statement with its values (the transcripts) at DEBUG;
+    # httpx logs each request's URL at INFO, a GET tool's arguments in its query
     assert logging.getLogger("aiosqlite").isEnabledFor(logging.DEBUG) is (value == "info")
+    assert logging.getLogger("httpx").isEnabledFor(logging.INFO) is (value == "info")
