@@ -56,9 +56,11 @@ def connect(url: str) -> Redis:
     """A client for server.redis_url (redis://, rediss://, unix://); it connects on first use. A
     command that meets a closed connection is sent once more on a new one: after Redis restarts,
     every idle pooled connection is dead, and without this the first command on each of them
-    failed (a limit let through, a one-use token refused) though Redis was back."""
+    failed (a limit let through, a one-use token refused) though Redis was back. A timeout is not
+    sent again: a slow Redis would cost twice TIMEOUT_S, and a command it did run (a bucket spent,
+    a call's place taken) would run twice."""
     return Redis.from_url(url, socket_timeout=TIMEOUT_S, socket_connect_timeout=TIMEOUT_S, decode_responses=True,
-                          retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError])
+                          retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)))
 
 
 class SharedStore:
