@@ -41,14 +41,16 @@ class StorageConfig(BaseModel):
         10000, ge=1, description="records waiting to be written; beyond it new ones are dropped (logged, counted in "
         "voice_agent_store_dropped_total) rather than ever making a call wait")
     max_recording_pending: int = Field(
-        MAX_QUEUED, ge=1, description="pieces of recordings waiting for the disk, all calls together (a piece is a "
+        MAX_QUEUED, ge=1, le=4096,
+        description="pieces of recordings waiting for the disk, all calls together (a piece is a "
         "few seconds of one call's audio, about 1 MiB, or a call's end); beyond it the oldest is dropped (a gap in "
         "its recording, or no recording for an end; logged, counted in voice_agent_store_dropped_total) rather than "
         "ever making a call wait or memory grow. A call has at most 4 waiting: raise it with "
         "server.max_sessions beyond 16")
     purge_interval_s: float = Field(3600.0, gt=0, description="how often calls past retention_days are deleted")
     write_retry_s: float = Field(
-        60.0, ge=0, description="a write that fails for a passing reason (the database restarting or out of reach, "
+        60.0, ge=0, le=600,
+        description="a write that fails for a passing reason (the database restarting or out of reach, "
         "a locked SQLite file) is tried again, ever less often, for this long before its record is dropped (logged, "
         "counted as write_failed); the records behind it wait in the queue meanwhile")
 

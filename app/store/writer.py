@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
+import sqlite3
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ RETRY_S = 60.0  # storage.write_retry_s: how long a failing write is tried again
 # resources (too many connections), 57P operator intervention (shutting down, "the database system is
 # starting up")
 TRANSIENT_SQLSTATES = ("08", "53", "57P")
+SQLITE_BUSY, SQLITE_LOCKED = 5, 6  # SQLite's primary result codes for a file another writer holds
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,8 @@ def transient(exc: BaseException) -> bool:
     if isinstance(exc, OSError | PoolTimeout):  # asyncpg raises a refused or reset connection as it is
         return True
     if isinstance(exc, OperationalError):  # a locked SQLite file; a connection lost mid-way
+        if isinstance(exc.orig, sqlite3.Error):  # a full disk, a read-only file, no table: never passes
+            return (getattr(exc.orig, "sqlite_errorcode", SQLITE_BUSY) & 0xFF) in (SQLITE_BUSY, SQLITE_LOCKED)
         return True
     if isinstance(exc, DBAPIError):
         state = _sqlstate(exc.orig)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -198,10 +199,20 @@ async def test_a_write_failing_past_storage_write_retry_s_is_dropped_and_counted
     await store.close()
 
 
+def _sqlite_error(message: str, code: int) -> sqlite3.OperationalError:
+    error = sqlite3.OperationalError(message)
+    error.sqlite_errorcode = code  # as the driver sets it
+    return error
+
+
 @pytest.mark.parametrize(("error", "passing"), [
     (ConnectionRefusedError(111, "Connect call failed"), True),
     (TimeoutError(), True),
     (OperationalError("INSERT", {}, Exception("database is locked")), True),
+    (OperationalError("INSERT", {}, _sqlite_error("database is locked", 5)), True),
+    (OperationalError("INSERT", {}, _sqlite_error("database table is locked", 262)), True),  # SQLITE_LOCKED_SHAREDCACHE
+    (OperationalError("INSERT", {}, _sqlite_error("attempt to write a readonly database", 8)), False),
+    (OperationalError("INSERT", {}, _sqlite_error("database or disk is full", 13)), False),
     (DBAPIError("INSERT", {}, CannotConnectNowError("the database system is starting up")), True),
     (DBAPIError("INSERT", {}, AdminShutdownError("terminating connection due to administrator command")), True),
     (DBAPIError("INSERT", {}, TooManyConnectionsError("sorry, too many clients already")), True),
