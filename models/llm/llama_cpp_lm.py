@@ -26,6 +26,8 @@ from core.errors import BackendUnavailableError, EngineError, ModelMissingError
 from models.llm.lm import LMState, Logits, common_prefix
 
 log = logging.getLogger(__name__)
+# A call's sequences: its conversation and the end-of-turn weigher's (pipeline/session/session.py).
+SEQUENCES_PER_CALL = 2
 llama_log = logging.getLogger("llama.cpp")
 
 _init_lock = threading.Lock()
@@ -87,10 +89,11 @@ class LlamaCppLM:
         self.model = lib.llama_model_load_from_file(path.encode(), model_params)
         if not self.model:
             raise ModelMissingError(f"llama.cpp could not load {path!r} (see the llama.cpp log lines above)")
-        # Sequence ids: calls (twice: a call's slot is free at hang-up, before its clean-up lets its
-        # sequence go), /v1 generations, calibration and draft states, and the remembered prefixes.
+        # Sequence ids: calls (each holds SEQUENCES_PER_CALL, and twice over: a call's slot is free
+        # at hang-up, and taken again by a caller who redials, before its clean-up lets its
+        # sequences go), /v1 generations, calibration and draft states, and the remembered prefixes.
         self.max_prefixes = max_prefixes
-        n_seq = min(256, 2 * sequences + api_sequences + max_prefixes + 4)
+        n_seq = min(256, 2 * SEQUENCES_PER_CALL * sequences + api_sequences + max_prefixes + 4)
         ctx_params = lib.llama_context_default_params()
         # Cells, shared by all sequences (unified cache): every call at its bound, every /v1
         # generation at its own, and one context more for the prefixes and the calibration.

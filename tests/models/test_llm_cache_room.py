@@ -86,3 +86,27 @@ def test_the_default_system_prompt_is_not_forgotten_for_callers_instructions() -
     finally:
         llm.worker.shutdown()
         lm.close()
+
+
+async def test_every_call_slot_taken_twice_over_gets_its_conversation_and_weigher() -> None:
+    """A caller who hangs up frees the call's slot at once, and one who redials takes it, while the
+    hung-up call's clean-up (up to seconds) still holds its sequences: its conversation and its
+    end-of-turn weigher's. With server.max_sessions 8, sixteen calls' two conversations each must
+    all get a sequence (28 ids, sized for one per call, ran out here: 'all 28 sequences are in use')."""
+    config = LlmConfig(model=PACK, max_context_tokens=256, api_context_tokens=128, threads=2,
+                       speculative=SpeculativeConfig(method="off"))
+    engine = load_embedded(config, MonotonicClock(), sequences=8, api_sequences=4)
+    try:
+        lm = engine.lm
+        assert isinstance(lm, LlamaCppLM)
+        conversations = [engine.conversation() for _ in range(2 * 8 * 2)]  # (live + hung up) x (reply + weigher)
+        for conversation in conversations:  # each kept open: its sequence stays taken
+            await generate(conversation, [ChatMessage("user", "Hi")])
+        api = [engine.conversation(128) for _ in range(4)]  # and every /v1 generation slot besides
+        for conversation in api:
+            await generate(conversation, [ChatMessage("user", "Hi")])
+        for conversation in [*conversations, *api]:
+            await conversation.aclose()
+    finally:
+        engine.worker.shutdown()
+        engine.lm.close()  # type: ignore[attr-defined]
