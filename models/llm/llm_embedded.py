@@ -4,6 +4,7 @@ speculative)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -330,6 +331,14 @@ class EmbeddedConversation:
             self.state = None
 
     async def aclose(self) -> None:
+        """Give the conversation's sequence back: due now, ahead of every live call's steps (a
+        hung-up call's close once waited seconds behind them, holding its sequence while a
+        redialled call needed one), and done even if the caller is cancelled meanwhile (a job
+        dropped with its caller leaked the sequence for the life of the process)."""
         # RuntimeError: the worker has shut down with the whole engine, and nothing is left to free.
+        # The lane itself is made due now, so a job of this conversation queued before (a weigher's
+        # step its cancelled caller left behind) still runs before the close, never on a freed sequence.
+        self.lane.deadline = self.llm.clock.now()
         with contextlib.suppress(RuntimeError):
-            await self.llm.worker.run_by(self.lane, self._close)
+            job = self.llm.worker.submit(self.lane, self._close)
+            await asyncio.shield(asyncio.wrap_future(job))

@@ -5,6 +5,7 @@ prompt's remembered cache is never forgotten for callers' own instructions."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -110,3 +111,25 @@ async def test_every_call_slot_taken_twice_over_gets_its_conversation_and_weighe
     finally:
         engine.worker.shutdown()
         engine.lm.close()  # type: ignore[attr-defined]
+
+
+async def test_a_closing_conversation_goes_first_and_frees_its_sequence_even_if_its_caller_is_cancelled(
+        engine: EmbeddedLLM) -> None:
+    """A hung-up call's clean-up gives its sequence back ahead of the live calls' steps, and the
+    job runs even when the clean-up is cut short (a call's stop waits 5 s, then cancels it): it once
+    waited behind every live call's step and, cancelled, was dropped, and the sequence was lost."""
+    lm = engine.lm
+    assert isinstance(lm, LlamaCppLM)
+    conversation = engine.conversation()
+    await generate(conversation, [ChatMessage("user", "Hi")])
+    held = len(lm._free_seqs)
+    gate = threading.Event()
+    engine.worker.submit(None, gate.wait)  # the worker busy: what comes next queues behind it
+    seen: list[int] = []
+    step = engine.worker.submit(engine.clock.now() + 60, lambda: seen.append(len(lm._free_seqs)))  # a live call's
+    closing = asyncio.create_task(conversation.aclose())
+    await asyncio.sleep(0)  # it has queued its job
+    closing.cancel()
+    gate.set()
+    await asyncio.wrap_future(step)
+    assert seen == [held + 1]  # freed before the live call's step, though its caller was cancelled
