@@ -62,6 +62,18 @@ async def until(socket: AcceptingFakeSocket, kind: str, timeout: float = 10.0) -
     return await asyncio.wait_for(look(), timeout)
 
 
+async def commit_and_answer(socket: AcceptingFakeSocket) -> None:
+    """The question as a committed buffer (turn_detection off), heard, and the response the client
+    then asks for, completed."""
+    for chunk in speech(24000):
+        socket.send(type="input_audio_buffer.append", audio=chunk)
+    socket.send(type="input_audio_buffer.commit")
+    transcript = await until(socket, "conversation.item.input_audio_transcription.completed")
+    assert transcript["transcript"] == "What is the capital of Italy?"
+    socket.send(type="response.create")
+    assert (await until(socket, "response.done"))["response"]["status"] == "completed"
+
+
 def speech(rate: int, fmt: str = "pcm") -> list[str]:
     """0.5 s of a loud tone (speech to the fake VAD), then 1.5 s of silence, in 100 ms appends."""
     t = np.arange(int(rate * 0.5)) / rate
@@ -147,14 +159,7 @@ async def test_with_turn_detection_null_the_client_commits_its_turn_and_asks_for
     await until(socket, "input_audio_buffer.cleared")
     socket.send(type="input_audio_buffer.commit", event_id="evt_empty")
     assert (await until(socket, "error"))["error"]["code"] == "input_audio_buffer_commit_empty"
-    for chunk in speech(24000):
-        socket.send(type="input_audio_buffer.append", audio=chunk)
-    socket.send(type="input_audio_buffer.commit")
-    transcript = await until(socket, "conversation.item.input_audio_transcription.completed")
-    assert transcript["transcript"] == "What is the capital of Italy?"
-    socket.send(type="response.create")
-    done = await until(socket, "response.done")
-    assert done["response"]["status"] == "completed"
+    await commit_and_answer(socket)
     # no reply until the client asked: one request, one response (a reply of the server's own would
     # have been cut by the client's, and asked the LLM too)
     assert [m.content for m in llm.requests[0][1:]] == ["What is the capital of Italy?"] and len(llm.requests) == 1
@@ -281,13 +286,7 @@ async def test_a_recognizer_failure_on_a_committed_buffer_ends_that_turn_with_an
     assert (error["type"], error["code"], error["event_id"]) == ("server_error", "transcription_failed", "evt_commit")
     assert "CUDA" not in error["message"] and "/models" not in error["message"]  # the detail stays in the log
     assert not task.done()  # the call goes on: the same turn again is heard and answered
-    for chunk in speech(24000):
-        socket.send(type="input_audio_buffer.append", audio=chunk)
-    socket.send(type="input_audio_buffer.commit")
-    transcript = await until(socket, "conversation.item.input_audio_transcription.completed")
-    assert transcript["transcript"] == "What is the capital of Italy?"
-    socket.send(type="response.create")
-    assert (await until(socket, "response.done"))["response"]["status"] == "completed"
+    await commit_and_answer(socket)
     assert [m.content for m in llm.requests[0][1:]] == ["What is the capital of Italy?"]
     socket.inbox.put_nowait({"type": "websocket.disconnect"})
     await asyncio.wait_for(task, 5)

@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import pytest
 
 from core.private import CallerContent, caller_content, content, keys, log_private, set_caller_content, words
 
 log = logging.getLogger("tests.private")
-
-
-@pytest.fixture
-def mode() -> Iterator[None]:
-    """The process-wide mode, put back after the test."""
-    before = caller_content()
-    yield
-    set_caller_content(before)
 
 
 def lines(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
@@ -34,14 +25,14 @@ def test_summaries_say_how_much_and_nothing_else() -> None:
 
 
 @pytest.mark.parametrize("level", [logging.INFO, logging.DEBUG])
-def test_redacted_shows_no_content_at_any_level(mode: None, caplog: pytest.LogCaptureFixture, level: int) -> None:
+def test_redacted_shows_no_content_at_any_level(caplog: pytest.LogCaptureFixture, level: int) -> None:
     set_caller_content("redacted")
     caplog.set_level(logging.DEBUG, logger=log.name)
     log_private(log, level, "turn %d: caller: %r", 3, words("my PIN is 4719"))
     assert lines(caplog) == [(logging.getLevelName(level), "turn 3: caller: [4 words]")]
 
 
-def test_debug_adds_a_debug_line_with_the_content(mode: None, caplog: pytest.LogCaptureFixture) -> None:
+def test_debug_adds_a_debug_line_with_the_content(caplog: pytest.LogCaptureFixture) -> None:
     set_caller_content("debug")
     caplog.set_level(logging.DEBUG, logger=log.name)
     log_private(log, logging.INFO, "turn %d: keys %s", 4, keys("4 7 1 9"))
@@ -50,7 +41,7 @@ def test_debug_adds_a_debug_line_with_the_content(mode: None, caplog: pytest.Log
                              ("DEBUG", "turn 4: P(end | 'book a table')")]
 
 
-def test_debug_at_info_level_logs_only_the_summary(mode: None, caplog: pytest.LogCaptureFixture) -> None:
+def test_debug_at_info_level_logs_only_the_summary(caplog: pytest.LogCaptureFixture) -> None:
     set_caller_content("debug")
     caplog.set_level(logging.INFO, logger=log.name)
     log_private(log, logging.INFO, "turn %d: caller: %r", 1, words("my PIN is 4719"))
@@ -58,14 +49,14 @@ def test_debug_at_info_level_logs_only_the_summary(mode: None, caplog: pytest.Lo
     assert lines(caplog) == [("INFO", "turn 1: caller: [4 words]")]
 
 
-def test_info_shows_the_content_in_the_line_itself(mode: None, caplog: pytest.LogCaptureFixture) -> None:
+def test_info_shows_the_content_in_the_line_itself(caplog: pytest.LogCaptureFixture) -> None:
     set_caller_content("info")
     caplog.set_level(logging.DEBUG, logger=log.name)
     log_private(log, logging.WARNING, "tool %s(%s), %r", "book", content({"pin": "4719"}), words("a table"))
     assert lines(caplog) == [("WARNING", "tool book({\"pin\": \"4719\"}), 'a table'")]
 
 
-def test_a_line_reports_where_it_was_logged_not_the_helper(mode: None, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_line_reports_where_it_was_logged_not_the_helper(caplog: pytest.LogCaptureFixture) -> None:
     set_caller_content("debug")
     caplog.set_level(logging.DEBUG, logger=log.name)
     log_private(log, logging.INFO, "caller: %r", words("hello"))
@@ -73,6 +64,6 @@ def test_a_line_reports_where_it_was_logged_not_the_helper(mode: None, caplog: p
 
 
 @pytest.mark.parametrize("value", ["redacted", "debug", "info"])
-def test_the_mode_is_kept_for_the_process(mode: None, value: CallerContent) -> None:
+def test_the_mode_is_kept_for_the_process(value: CallerContent) -> None:
     set_caller_content(value)
     assert caller_content() == value

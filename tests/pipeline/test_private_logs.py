@@ -7,17 +7,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 from aiohttp import web
 
-from core.private import caller_content, set_caller_content
+from core.private import set_caller_content
 from models.llm.tool_calls import Tool, ToolCall
 from pipeline.config import ToolsConfig
 from pipeline.session.barge_in import BargeIn
 from pipeline.tools import HttpTool, ToolBox
+from tests.http_server import served
 from tests.pipeline.fakes import FakeLLM
 from tests.pipeline.test_dtmf import keypad_session
 from tests.pipeline.test_session import done_events, make_session, remade, speak
@@ -28,13 +29,10 @@ BOOK = Tool("book_table", "Book a table.", {"type": "object", "properties": {"na
 
 
 @pytest.fixture(autouse=True)
-def redacted(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """The default mode, whatever an earlier test in this process set; every logger at DEBUG."""
-    before = caller_content()
+def redacted(caplog: pytest.LogCaptureFixture) -> None:
+    """The default mode (tests/conftest.py puts back what was before); every logger at DEBUG."""
     set_caller_content("redacted")
     caplog.set_level(logging.DEBUG)
-    yield
-    set_caller_content(before)
 
 
 async def test_keys_are_counted_in_the_log_and_reach_the_model(caplog: pytest.LogCaptureFixture) -> None:
@@ -67,13 +65,8 @@ async def booking_server() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_post("/book", book)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}/book"
-    await runner.cleanup()
+    async with served(app) as url:
+        yield f"{url}/book"
 
 
 async def test_a_tool_calls_arguments_and_its_error_answer_are_counted_in_the_log(

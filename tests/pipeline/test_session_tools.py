@@ -18,6 +18,7 @@ from pipeline.config import ToolsConfig
 from pipeline.events import FunctionCallDelta, FunctionCallRequest, ResponseDone
 from pipeline.session import Session
 from pipeline.tools import HttpTool, ToolBox
+from tests.http_server import served
 from tests.pipeline.fakes import DistantClock, FakeLLM, RecordingOutbound
 from tests.pipeline.test_session import done_events, judged_session, make_session, pause_with_words, remade, speak
 
@@ -259,13 +260,8 @@ async def tool_server() -> AsyncIterator[tuple[str, list[dict]]]:
     app.router.add_post("/orders", orders)
     app.router.add_post("/cancel", orders)
     app.router.add_post("/slow", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}", seen
-    await runner.cleanup()
+    async with served(app) as url:
+        yield url, seen
 
 
 async def test_an_http_tool_gets_the_arguments_and_a_secret_header_from_the_environment(
