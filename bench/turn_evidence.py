@@ -42,7 +42,7 @@ from pipeline.turn_policy import bare_words
 
 RATE = 16000
 WINDOW_MS = 1000.0 * SileroVad.window_samples / RATE
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 WORDS_VERSION = 2
 # the settings where the pauses are (the decision's own do not change the evidence)
 VAD_FIELDS = {"threshold", "neg_threshold", "min_speech_ms", "prefix_padding_ms", "max_turn_s", "early_final_ms"}
@@ -64,6 +64,8 @@ class Pause:
     avg_logprob: float | None = None  # the recognizer's confidence in `words` (models.protocols.Heard)
     no_speech_prob: float | None = None
     speech_ms: float = 0.0  # the audio transcribed: the turn from its start less the padding, to the pause
+    last_word_prob: float | None = None  # the recognizer's confidence in the last word and the end mark
+    end_mark_prob: float | None = None
 
 
 class Gatherer:
@@ -116,7 +118,9 @@ class Gatherer:
                      round(audio_ms, 1), round(asr_ms, 1), 0.0,
                      None if heard.avg_logprob is None else round(heard.avg_logprob, 4),
                      None if heard.no_speech_prob is None else round(heard.no_speech_prob, 4),
-                     round(1000 * len(audio) / RATE, 1))
+                     round(1000 * len(audio) / RATE, 1),
+                     None if heard.last_word_prob is None else round(heard.last_word_prob, 4),
+                     None if heard.end_mark_prob is None else round(heard.end_mark_prob, 4))
 
 
 class WordsJudge:

@@ -35,7 +35,9 @@ def pause_evidence(pause: Pause, words_known: bool, sound_known: bool) -> Eviden
     return Evidence(audio=pause.p_audio if sound_known else None,
                     text=pause.p_text if trusted else None,
                     words=pause.words if trusted else None,
-                    asr_logprob=pause.avg_logprob if trusted else None)
+                    asr_logprob=pause.avg_logprob if trusted else None,
+                    asr_last_word=pause.last_word_prob if trusted else None,
+                    asr_end_mark=pause.end_mark_prob if trusted else None)
 
 
 def rows(pairs: Iterable[tuple[Sample, Pause]], names: Sequence[str], sound: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -56,11 +56,16 @@ class SpeechRecognizer(Protocol):
 @dataclass(frozen=True)
 class Heard:
     """A transcript with the recognizer's own confidence in it, where it gives one: the mean
-    log-probability of its tokens, and the chance that the audio held no speech."""
+    log-probability of its tokens, the chance that the audio held no speech, and how sure it was of
+    the transcript's end: its last word (the mean probability of that word's tokens: a word cut
+    mid-way is written with low confidence even where the sentence looks complete, "Can I pay with
+    her?") and its final punctuation mark (None where the transcript ends without one)."""
 
     text: str
     avg_logprob: float | None = None
     no_speech_prob: float | None = None
+    last_word_prob: float | None = None
+    end_mark_prob: float | None = None
 
 
 class Synthesizer(Protocol):

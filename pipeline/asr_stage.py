@@ -104,7 +104,8 @@ async def asr_stage(
             heard = await asyncio.shield(early)
             if turn_id not in finalized and not early.cancelled() and heard.text:
                 await out.put(TranscriptEarly(turn_id, written(heard.text), clock.now(), speech_s, heard.avg_logprob,
-                                              heard.no_speech_prob, paused_at))
+                                              heard.no_speech_prob, paused_at, heard.last_word_prob,
+                                              heard.end_mark_prob))
 
     async def read() -> None:
         chunks: list[np.ndarray] = []

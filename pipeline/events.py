@@ -87,6 +87,8 @@ class TranscriptEarly:
     avg_logprob: float | None = None  # the recognizer's confidence, where it gives one
     no_speech_prob: float | None = None
     paused_at: float | None = None  # when the pause was heard
+    last_word_prob: float | None = None  # the recognizer's confidence in the last word (models.protocols.Heard)
+    end_mark_prob: float | None = None  # ... and in the final punctuation mark
 
 
 SpeechEvent = SpeechStarted | SpeechAudio | SpeechPaused | SpeechResumed | SpeechStopped

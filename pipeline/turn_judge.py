@@ -11,6 +11,7 @@ it. One judge per session; everything runs on the event loop's thread.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 
 import numpy as np
@@ -33,9 +34,7 @@ class TurnJudge:
         self.expects_words = words
         self.turn_id: int | None = None  # the turn whose pause is being judged, if any
         self._audio: asyncio.Future[float] | None = None
-        self._text: float | None = None
-        self._words: str | None = None
-        self._asr_logprob: float | None = None
+        self._said = Evidence()  # the words' part of the evidence, once weighed
 
     @property
     def active(self) -> bool:
@@ -50,22 +49,24 @@ class TurnJudge:
             self._audio = asyncio.ensure_future(self.worker.run(self.audio_model.probability, audio))
 
     def words(self, turn_id: int, probability: float | None, words: str | None = None,
-              asr_logprob: float | None = None) -> None:
+              asr_logprob: float | None = None, last_word: float | None = None,
+              end_mark: float | None = None) -> None:
         """The language model's probability that the caller's sentence ends with `words`, the
         transcript of what was said up to the pause of turn `turn_id` (ignored once that pause is
-        over), and the recognizer's confidence in it."""
+        over), and the recognizer's confidence in it: overall, in its last word and in its final
+        punctuation mark (models.protocols.Heard)."""
         if turn_id == self.turn_id and probability is not None:
-            self._text, self._words, self._asr_logprob = probability, words, asr_logprob
+            self._said = Evidence(text=probability, words=words, asr_logprob=asr_logprob, asr_last_word=last_word,
+                                  asr_end_mark=end_mark)
 
     def clear(self) -> None:
         """The pause is over (the caller went on, or the turn ended)."""
         if self._audio is not None:
             self._audio.cancel()
-        self.turn_id, self._audio, self._text, self._words, self._asr_logprob = None, None, None, None, None
+        self.turn_id, self._audio, self._said = None, None, Evidence()
 
     def evidence(self) -> Evidence:
-        return Evidence(audio=self._audio_answer(), text=self._text, words=self._words,
-                        asr_logprob=self._asr_logprob)
+        return dataclasses.replace(self._said, audio=self._audio_answer())
 
     def _audio_answer(self) -> float | None:
         """The model's probability once it has answered; None before, or if it failed (the pause is

@@ -8,7 +8,9 @@ The features are read off the evidence (pipeline/turn_policy.Evidence):
   the model can trust a very likely end far more than a likely one);
 - how Whisper ended the transcript: "?" or "!", "." , a trailing "..." or "," or none (Whisper's
   mark alone cannot be trusted, "Can you book me a table for?", but it is evidence all the same);
-- the recognizer's own confidence: the transcript's mean token log-probability;
+- the recognizer's own confidence: the transcript's mean token log-probability, and its log-
+  probability of the last word and of the final punctuation mark (a word cut mid-way, or a
+  sentence Whisper closed on a guess, is written with low confidence however complete it looks);
 - the sound: whether the end-of-turn model has answered, and its log-odds (weight 0 where the
   training found it does not carry across voices).
 A feature the file does not weigh counts 0. The silence waited follows the probability: none at or
@@ -39,10 +41,14 @@ LOG_FLOOR = -12.0
 KNEES = (-6.0, -3.0, -1.5, -0.75)
 EDGE = 1e-4
 ASR_LOGPROB_UNKNOWN = -0.27  # a recognizer that gives no confidence: the median pause transcript's (faster-whisper)
+TAIL_FLOOR = -5.0  # the last word's and the end mark's log-probabilities are clipped here
+LAST_WORD_UNKNOWN = -0.4  # ... and, where the recognizer gives none, taken as the median pause transcript's
+END_MARK_UNKNOWN = -0.2
 
 FEATURES = (
     "bias", "words", "log_p_words", *(f"log_p_words_above_{k:g}" for k in KNEES),
-    "ends_question", "ends_period", "ends_open", "asr_logprob", "sound", "sound_logit",
+    "ends_question", "ends_period", "ends_open", "asr_logprob", "asr_last_word", "asr_end_mark", "sound",
+    "sound_logit",
 )
 
 
@@ -65,11 +71,18 @@ def features(evidence: Evidence) -> dict[str, float]:
             f["ends_period"] = 1.0
         confidence = ASR_LOGPROB_UNKNOWN if evidence.asr_logprob is None else evidence.asr_logprob
         f["asr_logprob"] = max(-3.0, min(0.0, confidence))
+        f["asr_last_word"] = _log_or(evidence.asr_last_word, LAST_WORD_UNKNOWN)
+        if not f["ends_open"]:  # an open end has no mark to be sure of
+            f["asr_end_mark"] = _log_or(evidence.asr_end_mark, END_MARK_UNKNOWN)
     if evidence.audio is not None:
         p = min(1.0 - EDGE, max(EDGE, evidence.audio))
         f["sound"] = 1.0
         f["sound_logit"] = math.log(p / (1.0 - p))
     return f
+
+
+def _log_or(p: float | None, unknown: float) -> float:
+    return unknown if p is None else max(TAIL_FLOOR, math.log(max(p, 1e-30)))
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,8 @@ class Evidence:
     text: float | None = None
     words: str | None = None  # the transcript `text` was asked about, as the recognizer wrote it
     asr_logprob: float | None = None  # the recognizer's mean token log-probability for it
+    asr_last_word: float | None = None  # its confidence in the last word (a probability)
+    asr_end_mark: float | None = None  # ... and in the final punctuation mark (None: no mark, or not given)
 
     @property
     def empty(self) -> bool:

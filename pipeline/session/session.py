@@ -325,7 +325,7 @@ class Session:
             if probability is not None:
                 log_private(log, logging.DEBUG, "turn %d: P(end of sentence | %r) = %.3f", turn_id,
                             private_words(words), probability)
-            judge.words(turn_id, probability, words, early.avg_logprob)
+            judge.words(turn_id, probability, words, early.avg_logprob, early.last_word_prob, early.end_mark_prob)
         # the pause still goes on (a judge that gathers nothing does not follow pauses)
         pausing = judge is None or not judge.active or judge.turn_id == turn_id
         turn = self.book.open.get(turn_id)

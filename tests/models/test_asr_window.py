@@ -10,7 +10,7 @@ import pytest
 
 from models.config import AsrConfig
 from models.protocols import Heard
-from models.speech.asr_faster_whisper import FasterWhisperRecognizer
+from models.speech.asr_faster_whisper import FasterWhisperRecognizer, tail_probabilities
 from tests.speech import speech_samples, words
 
 QUESTION = "What is the weather going to be like in Paris tomorrow?"
@@ -82,3 +82,22 @@ def test_long_audio_uses_the_full_window(short: FasterWhisperRecognizer, monkeyp
 
 def test_window_30_is_whisper_s_own_path() -> None:
     assert FasterWhisperRecognizer(AsrConfig(window_s=30))._windowed is None
+
+
+def test_the_tail_s_confidence_is_the_last_word_s_tokens_and_the_final_mark() -> None:
+    assert tail_probabilities([" Can", " I", " pay", " with", " her", "?"], [0.9, 0.9, 0.8, 0.9, 0.2, 0.6]) \
+        == (0.2, 0.6)
+    word, mark = tail_probabilities([" order", " 45", "21", "."], [0.9, 0.6, 0.4, 0.8])
+    assert word == pytest.approx(0.5) and mark == 0.8  # a word of two tokens: their mean
+    assert tail_probabilities([" Book", " it", "...", "?"], [0.9, 0.7, 0.3, 0.5]) == (0.7, 0.3)  # the least sure mark
+    assert tail_probabilities([" Book", " it"], [0.9, 0.7]) == (0.7, None)
+    assert tail_probabilities(["..."], [0.3]) == (None, 0.3) and tail_probabilities([], []) == (None, None)
+
+
+@pytest.mark.slow
+def test_a_clear_question_comes_with_the_recognizer_s_confidence_in_its_end(short: FasterWhisperRecognizer,
+                                                                          tmp_path: Path) -> None:
+    heard = short.transcribe_scored(_question(tmp_path))
+    assert heard.text.endswith("?") and heard.avg_logprob is not None
+    assert heard.last_word_prob is not None and 0.1 < heard.last_word_prob <= 1  # "tomorrow", clearly said
+    assert heard.end_mark_prob is not None and 0.1 < heard.end_mark_prob <= 1

@@ -99,3 +99,25 @@ def test_a_model_round_trips_through_its_file(tmp_path: Path) -> None:
 
 def test_the_shipped_file_is_where_the_settings_say() -> None:
     assert SHIPPED.is_file() and EndpointingConfig().decision_file == "" and EndpointingConfig().decision == "learned"
+
+
+def test_features_read_the_recognizer_s_confidence_in_the_transcript_s_end() -> None:
+    sure = features(Evidence(text=0.5, words="Can I pay with cash?", asr_last_word=0.9, asr_end_mark=0.95))
+    cut = features(Evidence(text=0.5, words="Can I pay with her?", asr_last_word=0.05, asr_end_mark=0.4))
+    assert sure["asr_last_word"] == pytest.approx(math.log(0.9))
+    assert cut["asr_last_word"] == pytest.approx(math.log(0.05))
+    assert sure["asr_end_mark"] > cut["asr_end_mark"]
+    assert features(Evidence(text=0.5, words="x", asr_last_word=1e-9))["asr_last_word"] == -5  # clipped
+    # an open end has no mark to be sure of; a recognizer that gives no confidence counts as a typical one
+    assert features(Evidence(text=0.5, words="Can I pay with...", asr_end_mark=0.3))["asr_end_mark"] == 0
+    unknown = features(Evidence(text=0.5, words="Can I pay with cash?"))
+    assert unknown["asr_last_word"] < 0 and unknown["asr_end_mark"] < 0
+    assert features(Evidence(audio=0.5))["asr_last_word"] == 0  # no words: nothing about them
+
+
+def test_a_decision_weighs_the_last_word_s_confidence(tmp_path: Path) -> None:
+    data = {**GOOD, "weights": {**GOOD["weights"], "asr_last_word": 2.0}}  # type: ignore[dict-item]
+    policy = TurnPolicy(EndpointingConfig(decision_file=_write(tmp_path / "d.json", data)))
+    confident = policy.probability(Evidence(text=0.5, words="Can I pay with cash?", asr_last_word=0.9))
+    doubtful = policy.probability(Evidence(text=0.5, words="Can I pay with her?", asr_last_word=0.05))
+    assert confident is not None and doubtful is not None and confident > doubtful
