@@ -125,12 +125,15 @@ async def test_after_a_barge_in_the_history_keeps_what_the_caller_heard(
     kept = words(first["text"])
     heard_words = words(" ".join(heard))
     assert abs(len(kept) - len(heard_words)) <= 1, (kept, heard, played_s)
-    # ends where the caller stopped hearing: the two agree up to a few words from both ends. Not the last
-    # words themselves: on 8 kHz audio the timer mishears rare words ("Zephyr was born" -> "suffer with bull")
-    agree = [b for b in SequenceMatcher(a=kept, b=heard_words, autojunk=False).get_matching_blocks() if b.size]
+    # ends where the caller stopped hearing: the two agree up to a few words (16 letters and spaces) from
+    # both ends, compared letter by letter: on 8 kHz audio the timer mishears rare words ("Zephyr was born"
+    # -> "suffer with bull", "named Zephyr" -> "Name, suffer"), which share no whole word with what was said
+    # but some letters, or none for a word or two. A history of the whole reply ends far past that.
+    said, timed_text = " ".join(kept), " ".join(heard_words)
+    agree = [b for b in SequenceMatcher(a=said, b=timed_text, autojunk=False).get_matching_blocks() if b.size >= 3]
     assert agree, (kept, heard)
     last = agree[-1]
-    assert len(kept) - (last.a + last.size) <= 3 and len(heard_words) - (last.b + last.size) <= 3, (kept, heard)
+    assert len(said) - (last.a + last.size) <= 16 and len(timed_text) - (last.b + last.size) <= 16, (kept, heard)
 
     second = await turn_done(phone_server, call.call_sid, 2)
     assert second["status"] == "completed"
