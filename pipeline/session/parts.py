@@ -120,6 +120,11 @@ class Reply:
     offset_samples: int = 0  # the turn's audio sent by earlier replies to it: the client's count includes them
     played_at: float = 0.0  # clock time of that report
     playback_stopped: bool = False  # the client stopped playing there (a Realtime truncate): not carried forward
+    # The player's stretch of playback (pipeline/session/playout.py): the clock time it began (its
+    # first chunk went out then, after the reply's start, an underrun or a hold the caller played
+    # dry) and the reply's samples sent before it. None: no audio sent yet.
+    stretch_began: float | None = None
+    stretch_from: int = 0
     prompt: tuple[ChatMessage, ...] = ()  # what the LLM is asked
     tools: Tools | None = None  # what it is offered (the call's tools at this step, or one response's own)
     user_text: str = ""  # the caller's words it answers
@@ -161,12 +166,19 @@ class Reply:
         self.playback_stopped = stopped
 
     def heard_samples(self, now: float, rate: int) -> int:
-        """The client's last report, carried forward at playback speed to `now`, within what was sent."""
+        """The client's last report, carried forward at playback speed to `now`, within what was sent
+        and no further than the stretch of playback going on: audio sent after a gap (an underrun, a
+        hold) began to play no earlier than it went out, so a report from before the gap is not
+        carried across it."""
         assert self.played_samples is not None
         if self.playback_stopped:
             return self.played_samples
         since = max(0.0, now - self.played_at)
-        return min(self.ledger.sent_samples(), self.played_samples + int(since * rate))
+        heard = min(self.ledger.sent_samples(), self.played_samples + int(since * rate))
+        if self.stretch_began is not None:
+            playhead = self.stretch_from + int(max(0.0, now - self.stretch_began) * rate)
+            heard = max(self.played_samples, min(heard, playhead))
+        return heard
 
     def heard_text(self, status: str, now: float, rate: int) -> str:
         """The words the history keeps of it, ending with `status`: every word when it completed

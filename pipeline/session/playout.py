@@ -77,6 +77,7 @@ class Player:
                     if anchor is not None and not held:
                         gap = now - (anchor + placed / rate)
                     anchor, placed = now, 0
+                    reply.stretch_began, reply.stretch_from = now, reply.ledger.sent_samples()
                 begins = anchor + placed / rate
                 if begins - lead > now:
                     await self.clock.sleep(begins - lead - now)

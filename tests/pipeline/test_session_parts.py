@@ -3,15 +3,21 @@ turn, the barge-in's judgement of a sound."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import cast
+
+import numpy as np
 import pytest
 
-from models.protocols import ChatMessage, SamplingParams
+from models.protocols import ChatMessage, Conversation, SamplingParams
 from pipeline.config import AsrStageConfig, ChunkerConfig, EndpointingConfig, SessionConfig
+from pipeline.events import ReplyAudio
 from pipeline.session import PipelineConfig, Reply
 from pipeline.session.barge_in import BargeIn
 from pipeline.session.history import History
+from pipeline.session.playout import Player
 from pipeline.turns import Turn
-from tests.pipeline.fakes import ManualClock
+from tests.pipeline.fakes import FakeLLM, ManualClock, RecordingOutbound
 
 RATE = 8000
 WORDS = "one two three four five six seven eight nine ten"
@@ -33,6 +39,37 @@ def test_a_report_is_carried_forward_at_playback_speed_up_to_what_was_sent() -> 
     assert reply.heard_samples(100.2, RATE) == int(0.5 * RATE)
     assert reply.heard_samples(105.0, RATE) == int(0.8 * RATE)  # never past what was sent
     assert reply.heard_text("interrupted", 100.2, RATE) == "one two three four five"
+
+
+async def test_a_report_is_not_carried_across_a_gap_in_playback() -> None:
+    """A phone's last mark came as the first phrase ended; the next phrase came 3 s later (the LLM
+    stalled: playback ran dry) and went out up to the lead ahead of playback; a key cut it 0.1 s in.
+    The caller heard 0.1 s of it, not all that was sent: the gap's time is not playback."""
+    clock = ManualClock()
+    player = Player(SessionConfig(output_lead_ms=300, output_chunk_ms=40), clock, RATE, RecordingOutbound(),
+                    cast(Conversation, FakeLLM([]).conversation()), asyncio.Event())
+    player.audio_open.set()
+    reply = Reply(Turn(1))
+    reply.confirmed.set()
+    playing = asyncio.create_task(player.play(reply, lambda: True))
+    for index, text in enumerate(("one two three four five", "six seven eight nine ten")):
+        reply.ledger.add_phrase(index, text)
+        reply.ledger.add_audio(index, RATE // 2)
+    await reply.playout.put(ReplyAudio(1, 0, np.zeros(RATE // 2, dtype=np.float32), clock.now()))
+    await clock.advance(0.5)  # the first phrase plays out
+    reply.report_played(RATE // 2, stopped=False, now=clock.now())  # the mark at its end
+    await clock.advance(3.0)  # the LLM stalls: playback runs dry
+    await reply.playout.put(ReplyAudio(1, 1, np.zeros(RATE // 2, dtype=np.float32), clock.now()))
+    await clock.advance(0.1)
+    sent = reply.ledger.sent_samples()
+    assert sent >= int(0.9 * RATE)  # 0.1 s of the second phrase played, 0.3 s more sent ahead
+    assert abs(reply.heard_samples(clock.now(), RATE) - int(0.6 * RATE)) <= 1
+    assert reply.heard_text("interrupted", clock.now(), RATE) == "one two three four five six"
+    await reply.playout.put(None)
+    await clock.advance(0.4)
+    assert await playing
+    await clock.advance(5.0)  # long after: all that was sent, no more
+    assert reply.heard_samples(clock.now(), RATE) == reply.ledger.sent_samples() == RATE
 
 
 def test_a_stopped_report_is_exact_however_late_it_is_read() -> None:
