@@ -38,7 +38,7 @@ STATIC = Path(__file__).parent / "static"
 def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
                backends: Backends | None = None) -> FastAPI:
     runtime = Runtime((settings or Settings()).with_facts(), clock or MonotonicClock(), backends=backends)
-    check_decision(runtime.settings.endpointing)
+    check_decision(runtime.settings.endpointing, runtime.settings.asr.end_confidence)
     install_log_redaction()
     set_caller_content(runtime.settings.server.log_caller_content)
     hold_value_loggers(runtime.settings.server.log_caller_content)

@@ -75,7 +75,7 @@ class Gatherer:
         self.config = EndpointingConfig(early_final_ms=early_final_ms, max_patience_ms=600_000)
         self.vad = SileroVad()
         self.turn = SmartTurn(resolve("smart-turn-v3.2-cpu"), threads=threads)
-        self.asr_config = AsrConfig()
+        self.asr_config = AsrConfig(end_confidence=True)
         self.asr = FasterWhisperRecognizer(self.asr_config)
         self.turn.probability(np.zeros(RATE, np.float32))  # warm up
         self.asr.transcribe(np.zeros(RATE, np.float32))
@@ -173,7 +173,7 @@ def weigh_words(evidence: dict[str, list[Pause]], say: Any = print) -> None:
 def evidence_key(early_final_ms: int) -> str:
     """What the evidence depends on, besides the sample's audio: the settings and the models."""
     vad = EndpointingConfig(early_final_ms=early_final_ms).model_dump(include=VAD_FIELDS)
-    return repr((CACHE_VERSION, vad, AsrConfig().model_dump(), "smart-turn-v3.2-cpu"))
+    return repr((CACHE_VERSION, vad, AsrConfig().model_dump(exclude={"end_confidence"}), "smart-turn-v3.2-cpu"))
 
 
 def gather(samples: list[Sample], early_final_ms: int, say: Any = print) -> dict[str, list[Pause]]:

@@ -33,6 +33,9 @@ class AsrConfig(BaseModel):
         10, ge=1, le=30,
         description="seconds of audio the Whisper encoder sees, the utterance padded up to a multiple of it; 30 is "
                     "Whisper's own window (on 2 CPU cores, 10 s encodes about 7x faster than 30 s)")
+    end_confidence: bool = Field(
+        False, description="also give the recognizer's confidence in a transcript's last word and final mark (one "
+                           "more decoder pass, ~10 ms on 2 cores): for an end-of-turn decision file that weighs them")
 
 
 class TtsConfig(BaseModel):

@@ -45,6 +45,7 @@ TAIL_FLOOR = -5.0  # the last word's and the end mark's log-probabilities are cl
 LAST_WORD_UNKNOWN = -0.4  # ... and, where the recognizer gives none, taken as the median pause transcript's
 END_MARK_UNKNOWN = -0.2
 
+END_CONFIDENCE_FEATURES = ("asr_last_word", "asr_end_mark")  # need asr.end_confidence
 FEATURES = (
     "bias", "words", "log_p_words", *(f"log_p_words_above_{k:g}" for k in KNEES),
     "ends_question", "ends_period", "ends_open", "asr_logprob", "asr_last_word", "asr_end_mark", "sound",

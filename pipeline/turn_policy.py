@@ -34,8 +34,9 @@ import math
 import re
 from dataclasses import dataclass
 
+from core.errors import ConfigError
 from pipeline.config import EndpointingConfig
-from pipeline.turn_model import TurnModel, load_turn_model
+from pipeline.turn_model import END_CONFIDENCE_FEATURES, SHIPPED, TurnModel, load_turn_model
 
 LOG_FLOOR = -12.0  # log p_text below this says no more: "the" never ends a question
 EDGE = 1e-4  # probabilities are clipped this far from 0 and 1 before their logit
@@ -57,11 +58,18 @@ class Evidence:
         return self.audio is None and self.text is None
 
 
-def check_decision(config: EndpointingConfig) -> None:
+def check_decision(config: EndpointingConfig, end_confidence: bool = True) -> None:
     """Load the learned decision the settings name, so that a missing or malformed file stops the
-    server as it starts (a ConfigError), not at its first call."""
+    server as it starts (a ConfigError), not at its first call; as well a file that weighs the
+    recognizer's confidence in the transcript's end where the recognizer is not asked for it
+    (`end_confidence`: asr.end_confidence)."""
     if config.decision == "learned" and config.text_signal:
-        load_turn_model(config.decision_file)
+        model = load_turn_model(config.decision_file)
+        weighed = sorted(f for f in END_CONFIDENCE_FEATURES if model.weights.get(f, 0.0))
+        if weighed and not end_confidence:
+            raise ConfigError(f"the end-of-turn decision file {config.decision_file or str(SHIPPED)!r} weighs "
+                              f"{', '.join(weighed)}, the recognizer's confidence in a transcript's end: set "
+                              "asr.end_confidence=true (or choose another endpointing.decision_file)")
 
 
 def bare_words(text: str) -> str:

@@ -49,7 +49,7 @@ class FasterWhisperRecognizer:
             raise BackendUnavailableError(f"faster-whisper cannot run on {device}/{compute_type}: {exc}") from exc
         self._windowed: ShortWindow | None = None
         if config.window_s < WHISPER_WINDOW_S and config.language:
-            self._windowed = ShortWindow(self._model, config.language, config.window_s)
+            self._windowed = ShortWindow(self._model, config.language, config.window_s, config.end_confidence)
         log.info("ASR: faster-whisper %s on %s (%s), %d s window", config.model, device, compute_type,
                  config.window_s if self._windowed else WHISPER_WINDOW_S)
 
@@ -96,11 +96,12 @@ def _no_speech(no_speech_prob: float, avg_logprob: float) -> bool:
 class ShortWindow:
     """One utterance decoded in one pass over a window of `window_s` multiples (see the module doc)."""
 
-    def __init__(self, model: Any, language: str, window_s: int) -> None:
+    def __init__(self, model: Any, language: str, window_s: int, end_confidence: bool = False) -> None:
         from faster_whisper.tokenizer import Tokenizer
         from faster_whisper.transcribe import get_suppressed_tokens
 
         self.model = model
+        self.end_confidence = end_confidence
         self.step = window_s * FRAMES_PER_S
         self.tokenizer = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, task="transcribe",
                                    language=language)
@@ -136,6 +137,8 @@ class ShortWindow:
             return None
         if not any(c.isalnum() for c in text):
             return Heard("")
+        if not self.end_confidence:
+            return Heard(text, float(avg_logprob), float(result.no_speech_prob))
         last_word, end_mark = self.tail_confidence(encoded, tokens, features.shape[-1])
         return Heard(text, float(avg_logprob), float(result.no_speech_prob), last_word, end_mark)
 

@@ -97,7 +97,9 @@ def test_the_tail_s_confidence_is_the_last_word_s_tokens_and_the_final_mark() ->
 @pytest.mark.slow
 def test_a_clear_question_comes_with_the_recognizer_s_confidence_in_its_end(short: FasterWhisperRecognizer,
                                                                           tmp_path: Path) -> None:
-    heard = short.transcribe_scored(_question(tmp_path))
+    audio = _question(tmp_path)
+    assert short.transcribe_scored(audio).last_word_prob is None  # not asked for (asr.end_confidence)
+    heard = FasterWhisperRecognizer(AsrConfig(window_s=10, end_confidence=True)).transcribe_scored(audio)
     assert heard.text.endswith("?") and heard.avg_logprob is not None
     assert heard.last_word_prob is not None and 0.1 < heard.last_word_prob <= 1  # "tomorrow", clearly said
     assert heard.end_mark_prob is not None and 0.1 < heard.end_mark_prob <= 1

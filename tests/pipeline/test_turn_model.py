@@ -11,7 +11,7 @@ import pytest
 from core.errors import ConfigError
 from pipeline.config import EndpointingConfig
 from pipeline.turn_model import FEATURES, FORMAT, SHIPPED, TurnModel, features, load_turn_model
-from pipeline.turn_policy import Evidence, TurnPolicy
+from pipeline.turn_policy import Evidence, TurnPolicy, check_decision
 
 
 def _write(path: Path, data: object) -> str:
@@ -121,3 +121,13 @@ def test_a_decision_weighs_the_last_word_s_confidence(tmp_path: Path) -> None:
     confident = policy.probability(Evidence(text=0.5, words="Can I pay with cash?", asr_last_word=0.9))
     doubtful = policy.probability(Evidence(text=0.5, words="Can I pay with her?", asr_last_word=0.05))
     assert confident is not None and doubtful is not None and confident > doubtful
+
+
+def test_a_decision_that_weighs_the_end_s_confidence_needs_the_recognizer_to_give_it(tmp_path: Path) -> None:
+    data = {**GOOD, "weights": {**GOOD["weights"], "asr_end_mark": 1.0}}  # type: ignore[dict-item]
+    config = EndpointingConfig(decision_file=_write(tmp_path / "d.json", data))
+    with pytest.raises(ConfigError) as caught:
+        check_decision(config, end_confidence=False)
+    assert "asr.end_confidence=true" in str(caught.value) and "asr_end_mark" in str(caught.value)
+    check_decision(config, end_confidence=True)
+    check_decision(EndpointingConfig(decision_file=_write(tmp_path / "plain.json", GOOD)), end_confidence=False)
