@@ -78,11 +78,12 @@ def slopes(weights: dict[str, float]) -> list[float]:
     return out
 
 
-def train(pairs: list[tuple[Sample, Pause]], sound: bool, trained_on: str) -> TurnModel:
+def train(pairs: list[tuple[Sample, Pause]], sound: bool, trained_on: str,
+          without: Sequence[str] = ()) -> TurnModel:
     """The model's weights from these pauses; the patience curve is a placeholder for the tuner.
     The words' response is kept monotone (a likelier end never lowers the probability): a knee whose
-    segment would slope down is dropped and the model fitted again."""
-    names = [*TEXT_FEATURES, *(SOUND_FEATURES if sound else ())]
+    segment would slope down is dropped and the model fitted again. `without`: features left out."""
+    names = [n for n in (*TEXT_FEATURES, *(SOUND_FEATURES if sound else ())) if n not in without]
     x, y = rows(pairs, names, sound)
     if len(y) == 0 or y.min() == y.max():
         raise ValueError("training needs pauses of both kinds with trusted transcripts")
