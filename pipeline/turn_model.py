@@ -42,8 +42,10 @@ KNEES = (-6.0, -3.0, -1.5, -0.75)
 EDGE = 1e-4
 ASR_LOGPROB_UNKNOWN = -0.27  # a recognizer that gives no confidence: the median pause transcript's (faster-whisper)
 TAIL_FLOOR = -5.0  # the last word's and the end mark's log-probabilities are clipped here
-LAST_WORD_UNKNOWN = -0.4  # ... and, where the recognizer gives none, taken as the median pause transcript's
-END_MARK_UNKNOWN = -0.2
+# ... and, where the recognizer gives none (its full-window fallback), taken as the median pause
+# transcript's on the tuned families (docs/bench/turn_detection_issue31b_full.json.gz)
+LAST_WORD_UNKNOWN = -0.1
+END_MARK_UNKNOWN = -0.19
 
 END_CONFIDENCE_FEATURES = ("asr_last_word", "asr_end_mark")  # need asr.end_confidence
 FEATURES = (

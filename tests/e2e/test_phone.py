@@ -127,7 +127,8 @@ async def test_after_a_barge_in_the_history_keeps_what_the_caller_heard(
     # the server counts the cut phrase's heard words in proportion to its letters (pipeline/turns.py
     # text_until, "to within a word": a comma's pause is not counted), and the timer drops a word half
     # played at the cut: each may be a word off, in opposite directions (9 kept against 7 timed, once, on a
-    # loaded machine). A history of the whole reply is far past this, and the check below looks at where
+    # loaded machine). A history of the whole reply is far past this; the check below looks at where the
+    # two end
     assert abs(len(kept) - len(heard_words)) <= 2, (kept, heard, played_s)
     # ends where the caller stopped hearing: the two agree up to a few words (16 letters and spaces) from
     # both ends, compared letter by letter: on 8 kHz audio the timer mishears rare words ("Zephyr was born"
