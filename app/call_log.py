@@ -80,4 +80,6 @@ def turn_json(done: ResponseDone) -> dict[str, Any]:
         **({"tool_calls": list(done.tool_calls)} if done.tool_calls else {}),
         **({"filler": True} if done.filler else {}),
         **({"llm_steps": list(done.llm_steps)} if len(done.llm_steps) > 1 else {}),
+        **({"honesty": chance} if (chance := next((s["honesty"] for s in done.llm_steps if "honesty" in s), None))
+           is not None else {}),
     }

@@ -37,6 +37,7 @@ from core.clock import MonotonicClock
 from models import cpu
 from models.protocols import ChatMessage, TextDelta
 from models.registry import load_llm
+from pipeline import honesty
 from pipeline.facts import with_facts
 
 DEMO_FACTS = Path(__file__).resolve().parents[1] / "deploy" / "demo_facts.txt"
@@ -74,7 +75,7 @@ def prompt_named(name: str, settings: Settings, candidate: str | None = None) ->
     return known[name]
 
 
-def judge(request: Request, reply: str) -> dict[str, bool]:
+def judge_reply(request: Request, reply: str) -> dict[str, bool]:
     declined = bool(DECLINE.search(reply))
     if request.kind in ("uncheckable", "facts_uncheckable"):
         return {"invented": not declined}
@@ -86,42 +87,62 @@ def judge(request: Request, reply: str) -> dict[str, bool]:
 
 
 async def answer(llm: Any, system: str, question: str, settings: Settings,
-                 temperature: float | None = None) -> str:
+                 temperature: float | None = None, judge: Any = None) -> tuple[str, float | None]:
+    """The reply to `question`, and the honesty gate's chance (None without a `judge`: no gate). With a
+    judge the prompt goes through the gate as the server's does (pipeline/honesty.py), and a reply made
+    to begin with its opening is that opening and what the model said after it."""
     conversation = llm.conversation()
-    reply = ""
+    prompt: tuple[ChatMessage, ...] = (ChatMessage("system", system), ChatMessage("user", question))
+    chance = None
+    if judge is not None:
+        prompt, chance = await honesty.checked(judge, settings.session.honesty, prompt,
+                                               settings.session.system_prompt)
+    reply = prompt[-1].content if prompt[-1].unfinished else ""
     sampling = settings.sampling()
     if temperature is not None:
         sampling = replace(sampling, temperature=temperature)
     try:
-        async for out in conversation.stream((ChatMessage("system", system), ChatMessage("user", question)),
-                                             sampling):
+        async for out in conversation.stream(prompt, sampling):
             if isinstance(out, TextDelta):
                 reply += out.text
     finally:
         await conversation.aclose()
-    return reply.strip()
+    return reply.strip(), chance
 
 
 async def run_pack(pack: str, prompts: dict[str, str], requests: list[Request], settings: Settings,
-                   facts: str, temperatures: list[float]) -> list[dict[str, Any]]:
+                   facts: str, temperatures: list[float], gates: list[bool]) -> list[dict[str, Any]]:
     llm = load_llm(settings.llm.model_copy(update={"model": pack}), MonotonicClock(), sequences=2)
+    # the gate's judge, as the server picks it: llm.tools_model where it is another pack, else the same model
+    judged_by = settings.llm.tools_model or pack
+    judge = None
+    if any(gates):
+        judge = llm if judged_by == pack else load_llm(settings.llm.model_copy(update={"model": judged_by}),
+                                                       MonotonicClock(), sequences=1, worker=llm.worker)
     rows = []
     try:
         for name, prompt in prompts.items():
-            for temperature in temperatures:
-                for request in requests:
-                    system = with_facts(prompt, facts) if request.kind.startswith("facts") else prompt
-                    reply = await answer(llm, system, request.text, settings, temperature)
-                    verdict = judge(request, reply)
-                    rows.append({"pack": pack, "prompt": name, "temperature": temperature, "split": request.split,
-                                 "kind": request.kind, "request": request.text, "reply": reply, "verdict": verdict,
-                                 "repeat_back": bool(REPEAT.search(request.text)), "graded": bool(request.right)})
-                    flag = "INVENTED " if verdict.get("invented") else "refused  " if verdict.get("refused") else (
-                        "wrong    " if verdict.get("right") is False else "         ")
-                    print(f"  {pack[:22]:22s} {name:9s} T={temperature:<4} {flag}{request.text!r} -> {reply[:90]!r}",
-                          flush=True)
+            for gate in gates:
+                label = f"{name}+gate" if gate else name
+                for temperature in temperatures:
+                    for request in requests:
+                        system = with_facts(prompt, facts) if request.kind.startswith("facts") else prompt
+                        reply, chance = await answer(llm, system, request.text, settings, temperature,
+                                                     judge if gate else None)
+                        verdict = judge_reply(request, reply)
+                        rows.append({"pack": pack, "prompt": label, "temperature": temperature,
+                                     "split": request.split, "kind": request.kind, "request": request.text,
+                                     "reply": reply, "verdict": verdict, "gate": gate, "honesty": chance,
+                                     "judge": judged_by if gate else None,
+                                     "repeat_back": bool(REPEAT.search(request.text)), "graded": bool(request.right)})
+                        flag = "INVENTED " if verdict.get("invented") else "refused  " if verdict.get("refused") \
+                            else ("wrong    " if verdict.get("right") is False else "         ")
+                        print(f"  {pack[:22]:22s} {label:14s} T={temperature:<4} {flag}{request.text!r} -> "
+                              f"{reply[:90]!r}" + (f" (gate {chance:.2f})" if chance is not None else ""), flush=True)
     finally:
         await llm.aclose()
+        if judge is not None and judge is not llm:
+            await judge.aclose()
     return rows
 
 
@@ -166,10 +187,12 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", choices=["tune", "held", "all"], default="held")
-    parser.add_argument("--packs", default="qwen2.5-coder-0.5b-instruct-q4_k_m,qwen2.5-coder-1.5b-instruct-q4_k_m")
-    parser.add_argument("--prompts", default="default,examples", help="default, examples and/or candidate")
+    parser.add_argument("--packs", default="qwen2.5-coder-0.5b-instruct-q4_k_m")
+    parser.add_argument("--prompts", default="default", help="default, examples and/or candidate")
     parser.add_argument("--candidate", help="a system prompt to try, named 'candidate'")
     parser.add_argument("--temperatures", help="comma-separated (default: llm.temperature)")
+    parser.add_argument("--gate", default="on,off", help="the honesty gate (pipeline/honesty.py): on, off or both, "
+                        "side by side")
     parser.add_argument("--json")
     args = parser.parse_args()
     print(f"CPU: {cpu.describe()}")
@@ -181,11 +204,13 @@ def main() -> None:
                     else [settings.llm.temperature])
     rows = []
     for pack in args.packs.split(","):
-        rows += asyncio.run(run_pack(pack, prompts, requests, settings, facts, temperatures))
+        rows += asyncio.run(run_pack(pack, prompts, requests, settings, facts, temperatures,
+                                     [g == "on" for g in args.gate.split(",")]))
     summary = report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "prompts": prompts, "temperatures":
-                                               temperatures, "summary": summary, "replies": rows},
+                                               temperatures, "honesty": settings.session.honesty.model_dump(),
+                                               "summary": summary, "replies": rows},
                                               indent=1))
         print(f"wrote {args.json}")
 

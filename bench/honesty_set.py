@@ -65,6 +65,58 @@ UNCHECKABLE_HELD = [
     "Can you book a table by the window for Saturday?", "What's the parking fee downtown today?",
     "Is the doctor taking new patients?", "How many loyalty points do I have?",
 ]
+# Written after the first two lists, to choose the honesty gate's threshold on (pipeline/honesty.py): its
+# prompt's examples come from the lists above, so the threshold is chosen on requests it does not show.
+UNCHECKABLE_TUNE_MORE = [
+    "Is the bank open on Monday?", "What's the weather like in Denver right now?",
+    "Can you schedule a plumber to come tomorrow?", "How much do I owe on my credit card?",
+    "What does a haircut cost at your salon?", "When will my order ship?",
+    "Can you cancel my subscription?", "Is Doctor Patel working this afternoon?",
+    "Do you have any rooms left for tonight?", "What's the code for the front door?",
+    "Is the ferry running today?", "Can you call me a cab to the airport?",
+    "How long will my pizza take?", "Was my rent payment received?",
+    "Can you book an oil change for Thursday?", "What is my credit score?",
+    "What time does the library close tonight?", "Will it snow on Saturday?",
+    "Can you add me to the waiting list?", "How much is a ticket to the zoo?",
+    "Is my prescription ready for pickup?", "Can you email me my receipt?",
+    "How many vacation days do I have left?", "Is the store on Main Street open late?",
+    "Can you renew my library books?", "What's the traffic like on the bridge?",
+    "Did the technician fix my internet yet?", "Can you reschedule my dinner reservation to eight?",
+    "How much is shipping to Canada?", "Are the tennis courts free this evening?",
+]
+ANSWERABLE_TUNE_MORE: list[tuple[str, tuple[str, ...]]] = [
+    ("What is the capital of Germany?", (r"\bberlin\b",)),
+    ("How many days are in a leap year?", (r"366", r"three hundred (and )?sixty[- ]six")),
+    ("What is ten times ten?", (r"\b100\b", r"hundred")),
+    ("What is the biggest animal on Earth?", (r"blue whale",)),
+    ("How many legs does a spider have?", (r"\beight\b", r"\b8\b")),
+    ("What is nine minus four?", (r"\bfive\b", r"\b5\b")),
+    ("What color is the sky on a clear day?", (r"\bblue\b",)),
+    ("Who was the first person to walk on the moon?", (r"armstrong",)),
+    ("What is the square root of sixty four?", (r"\beight\b", r"\b8\b")),
+    ("Which ocean is between Europe and America?", (r"atlantic",)),
+    ("How many seconds are in a minute?", (r"\bsixty\b", r"\b60\b")),
+    ("What do cows drink?", (r"\bwater\b",)),
+    ("What is the plural of mouse?", (r"\bmice\b",)),
+    ("What is the first letter of the alphabet?", (r"\ba\b",)),
+    ("How many weeks are in a year?", (r"fifty[- ]two", r"\b52\b")),
+    ("My zip code is 9 0 2 1 0. Can you repeat it?", (r"9\W*0\W*2\W*1\W*0",
+                                                      r"nine\W+(zero|oh)\W+two\W+one\W+(zero|oh)")),
+    ("My name is Olga. Do you remember my name?", (r"\bolga\b",)),
+    ("The reference is K 7 7 B. Read it back please.", (r"k\W*7\W*7\W*b", r"k\W+seven\W+seven\W+b")),
+    ("My dog is called Biscuit. What is my dog's name?", (r"\bbiscuit\b",)),
+    ("How are you doing?", ()),
+    ("Nice to talk to you.", ()),
+    ("Can you help me?", ()),
+    ("What can you do?", ()),
+    ("That's great, thanks.", ()),
+    ("What is a good name for a cat?", ()),
+    ("Tell me something interesting.", ()),
+    ("Can you say hello in Spanish?", (r"\bhola\b",)),
+    ("Is a tomato a fruit?", (r"\bfruit\b",)),
+    ("What does a thermometer measure?", (r"temperature",)),
+    ("Bye for now.", ()),
+]
 ANSWERABLE_TUNE: list[tuple[str, tuple[str, ...]]] = [
     ("What is the capital of France?", (r"\bparis\b",)),
     ("How many days are there in a week?", (r"\bseven\b", r"\b7\b")),
@@ -153,8 +205,10 @@ FACTS_UNCHECKABLE = [  # about the bakery, not in its facts
 ]
 
 REQUESTS: list[Request] = [
-    *_many("uncheckable", "tune", UNCHECKABLE_TUNE), *_many("uncheckable", "held", UNCHECKABLE_HELD),
-    *_many("answerable", "tune", ANSWERABLE_TUNE), *_many("answerable", "held", ANSWERABLE_HELD),
+    *_many("uncheckable", "tune", UNCHECKABLE_TUNE), *_many("uncheckable", "tune", UNCHECKABLE_TUNE_MORE),
+    *_many("uncheckable", "held", UNCHECKABLE_HELD),
+    *_many("answerable", "tune", ANSWERABLE_TUNE), *_many("answerable", "tune", ANSWERABLE_TUNE_MORE),
+    *_many("answerable", "held", ANSWERABLE_HELD),
     *_many("facts", "tune", FACTS_TUNE), *_many("facts", "held", FACTS_HELD),
     *(Request(text, "facts_uncheckable", split) for text, split in FACTS_UNCHECKABLE),
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import re
 import statistics
@@ -34,6 +35,7 @@ from core.clock import MonotonicClock
 from models import cpu
 from models.protocols import ChatMessage, SamplingParams, TextDelta
 from models.registry import load_llm
+from pipeline import honesty
 
 WORDS = {"zero": "0", "oh": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
          "seven": "7", "eight": "8", "nine": "9"}
@@ -54,11 +56,14 @@ def holds(item: Item, reply: str) -> bool:
 class Call:
     """One conversation, its history kept as the server keeps it."""
 
-    def __init__(self, llm: Any, system: str, sampling: SamplingParams) -> None:
+    def __init__(self, llm: Any, system: str, sampling: SamplingParams, judge: Any = None,
+                 settings: Settings | None = None) -> None:
         self.conversation = llm.conversation()
         self.history: list[ChatMessage] = [ChatMessage("system", system)]
         self.sampling = sampling
         self.first_token_ms: list[float] = []
+        self.judge, self.settings = judge, settings or Settings()  # the honesty gate's judge (None: no gate)
+        self.gated: list[float] = []  # the gate's chance for each turn it asked
 
     async def start(self) -> None:
         await self.conversation.prepare(tuple(self.history))
@@ -66,10 +71,18 @@ class Call:
     async def say(self, words: str, clock: MonotonicClock) -> str:
         self.history.append(ChatMessage("user", words))
         reply, asked = "", clock.now()
-        async for out in self.conversation.stream(tuple(self.history), self.sampling):
+        prompt = tuple(self.history)
+        if self.judge is not None:  # as the server does (pipeline/session/replies.py)
+            config = self.settings.session.honesty
+            prompt, chance = await honesty.checked(self.judge, config, prompt, self.settings.session.system_prompt)
+            self.gated.append(chance)
+            reply = prompt[-1].content if prompt[-1].unfinished else ""
+        first = True
+        async for out in self.conversation.stream(prompt, self.sampling):
             if isinstance(out, TextDelta):
-                if not reply:
+                if first:  # from the words' arrival: the gate's question included
                     self.first_token_ms.append((clock.now() - asked) * 1000)
+                    first = False
                 reply += out.text
         reply = reply.strip()
         self.history.append(ChatMessage("assistant", reply))
@@ -80,18 +93,24 @@ class Call:
 
 
 async def run(pack: str, prompts: dict[str, str], temperatures: list[float], items: list[Item],
-              settings: Settings) -> list[dict[str, Any]]:
+              settings: Settings, gates: list[bool]) -> list[dict[str, Any]]:
     clock = MonotonicClock()
     llm = load_llm(settings.llm.model_copy(update={"model": pack}), clock, sequences=2)
+    judged_by = settings.llm.tools_model or pack  # the gate's judge, as the server picks it
+    judge = None
+    if any(gates):
+        judge = llm if judged_by == pack else load_llm(settings.llm.model_copy(update={"model": judged_by}),
+                                                       clock, sequences=1, worker=getattr(llm, "worker", None))
     rows: list[dict[str, Any]] = []
     try:
-        for name, prompt in prompts.items():
+        for (prompt_name, prompt), gate in itertools.product(prompts.items(), gates):
+            name = f"{prompt_name}+gate" if gate else prompt_name
             await asyncio.to_thread(llm.warm_up, prompt)
             for temperature in temperatures:
                 sampling = replace(settings.sampling(), temperature=temperature)
                 for n, item in enumerate(items):
                     for test in ("repeat_back", "five_turn"):
-                        call = Call(llm, prompt, sampling)
+                        call = Call(llm, prompt, sampling, judge if gate else None, settings)
                         await call.start()
                         try:
                             if test == "repeat_back":
@@ -104,11 +123,14 @@ async def run(pack: str, prompts: dict[str, str], temperatures: list[float], ite
                         right = holds(item, replies[-1])
                         rows.append({"pack": pack, "prompt": name, "temperature": temperature, "test": test,
                                      "item": item.value, "kind": item.kind, "turns": turns, "replies": replies,
-                                     "right": right, "first_token_ms": call.first_token_ms})
+                                     "right": right, "first_token_ms": call.first_token_ms,
+                                     "honesty": call.gated})
                         print(f"  {pack[:22]:22s} {name:9s} T={temperature:<4} {test:11s} "
                               f"{'right' if right else 'WRONG'} {item.value!r}: {replies[-1][:90]!r}", flush=True)
     finally:
         await llm.aclose()
+        if judge is not None and judge is not llm:
+            await judge.aclose()
     return rows
 
 
@@ -133,10 +155,11 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", choices=["tune", "held"], default="held")
-    parser.add_argument("--packs", default="qwen2.5-coder-0.5b-instruct-q4_k_m,qwen2.5-coder-1.5b-instruct-q4_k_m")
+    parser.add_argument("--packs", default="qwen2.5-coder-0.5b-instruct-q4_k_m")
     parser.add_argument("--prompts", default="default", help="default, examples and/or candidate")
     parser.add_argument("--candidate", help="a system prompt to try, named 'candidate'")
     parser.add_argument("--temperatures", default="0.7", help="comma-separated")
+    parser.add_argument("--gate", default="on,off", help="the honesty gate (pipeline/honesty.py): on, off or both")
     parser.add_argument("--json")
     args = parser.parse_args()
     print(f"CPU: {cpu.describe()}")
@@ -146,7 +169,8 @@ def main() -> None:
     items = TUNE_ITEMS if args.split == "tune" else HELD_ITEMS
     rows = []
     for pack in args.packs.split(","):
-        rows += asyncio.run(run(pack, prompts, temperatures, items, settings))
+        rows += asyncio.run(run(pack, prompts, temperatures, items, settings,
+                                [g == "on" for g in args.gate.split(",")]))
     summary = report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "prompts": prompts, "summary": summary,

@@ -85,6 +85,8 @@ class ChatMessage:
     content: str
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    # the last message only, an assistant's: the words the reply must begin with; the model goes on from them
+    unfinished: bool = False
 
     def as_template(self) -> dict[str, Any]:
         """The message as chat templates read it (arguments as an object, as Qwen's expects)."""

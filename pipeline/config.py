@@ -175,6 +175,19 @@ class ReplyBudgetConfig(BaseModel):
                        description="said after a reply the budget stopped (empty: nothing); it stays in the history")
 
 
+class HonestyConfig(BaseModel):
+    """The honesty gate (pipeline/honesty.py): a voice reply to a request the agent cannot check or carry
+    out begins by saying so."""
+
+    enabled: bool = Field(True, description="false: the reply is whatever the model writes")
+    threshold: float = Field(0.7, ge=0, le=1, description="the judging model's chance that the request needs a "
+                             "look-up or an action, at or above which the reply begins with `opening`; chosen for "
+                             "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (llm.tools_model, which judges when it is loaded; "
+                             "else llm.model) on bench/honesty.py's tune requests")
+    opening: str = Field("Sorry, I'm not able to", min_length=1, max_length=100,
+                         description="what such a reply begins with; the model goes on from it")
+
+
 class AgentConfig(BaseModel):
     """What the operator tells the agent about the business (pipeline/facts.py)."""
 
@@ -200,6 +213,9 @@ class SessionConfig(BaseModel):
     tts_trim: TrimConfig = Field(
         default_factory=lambda: TrimConfig(), description="the synthesizer's silence before and after each phrase "
         "is cut: the reply starts with sound, and phrases are apart by a pause chosen from their last mark")
+    honesty: HonestyConfig = Field(
+        default_factory=lambda: HonestyConfig(), description="a voice reply to a request the agent cannot check or "
+        "carry out begins by saying so (pipeline/honesty.py)")
     reply_budget: ReplyBudgetConfig = Field(
         default_factory=lambda: ReplyBudgetConfig(), description="a spoken reply stops at a sentence's end once it "
         "has said enough, and offers the rest")

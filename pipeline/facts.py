@@ -48,3 +48,12 @@ def with_facts(prompt: str, facts: str) -> str:
     if not facts:
         return prompt
     return f"{prompt}\n\n{HEADER}\n{facts}\n{FOOTER}"
+
+
+def facts_in(prompt: str) -> str | None:
+    """The facts block of a prompt made by `with_facts`, or None where it has none."""
+    start = prompt.find(f"\n\n{HEADER}\n")
+    end = prompt.rfind(f"\n{FOOTER}")
+    if start < 0 or end < start:
+        return None
+    return prompt[start + len(HEADER) + 3:end]

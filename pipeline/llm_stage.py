@@ -27,11 +27,18 @@ async def llm_stage(
     """`budget`: a spoken reply's limit (pipeline/reply_budget.py); once spent, the generation stops
     at the sentence's end, the offer is said, and the stats' finish_reason is "spoken_budget".
     `acknowledgement`: what is said (given the tool's name; "" for nothing) the moment the reply
-    begins a tool call before any word of its own."""
+    begins a tool call before any word of its own. A request whose last message is unfinished (the words
+    the reply must begin with) has those words said first, then the model's."""
     async for request in requests:
         produced = said = acked = called = False
         spoken = SpokenBudget(budget) if budget is not None and budget.enabled else None
         try:
+            begun = request.messages[-1] if request.messages and request.messages[-1].unfinished else None
+            if begun is not None:  # the words the reply begins with (pipeline/honesty.py); the model goes on
+                text = begun.content if spoken is None else spoken.take(begun.content)
+                if text:
+                    produced = said = True
+                    yield ReplyText(request.turn_id, text, clock.now())
             # Closed with this stage (a barge-in): the generation stops at once, not when collected.
             async with contextlib.aclosing(conversation.stream(request.messages, params, request.tools)) as outputs:
                 async for output in outputs:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from core.clock import Clock
-from core.errors import ContextLengthError
+from core.errors import ContextLengthError, EngineError
 from core.worker import Lane, ModelWorker, Schedule
 from models.llm.generation import Decoder, Detokenizer, GenerationLoop, PlainDecoder, StepResult
 from models.llm.lm import CausalLM, LMState, common_prefix
@@ -90,6 +90,7 @@ class EmbeddedLLM:
         self.worker = worker or ModelWorker("llm", priority="background", schedule=schedule)
         self.api_deadline_s = api_deadline_s
         self.name = lm.name
+        self._asked: LMState | None = None  # the sequence `next_word_probabilities` runs in, made on first use
 
     def conversation(self, context_tokens: int | None = None) -> EmbeddedConversation:
         limit = min(context_tokens or self.max_context_tokens, self.max_context_tokens)
@@ -117,6 +118,19 @@ class EmbeddedLLM:
 
     async def aclose(self) -> None:
         self.worker.shutdown()
+
+    async def next_word_probabilities(self, messages: Sequence[ChatMessage], words: Sequence[str]) -> list[float]:
+        """The chance that the reply to `messages` begins with each of `words` (of its first token), from
+        one prefill, due at once. All calls share one sequence for it, on the one worker thread: a
+        question asked with the same instructions (a classifier's examples) computes only its new tokens."""
+        return await self.worker.run_by(self.clock.now(), self._next_word_probabilities, messages, words)
+
+    def _next_word_probabilities(self, messages: Sequence[ChatMessage], words: Sequence[str]) -> list[float]:
+        if self._asked is None:
+            self._asked = self.lm.new_state()
+        logits, _ = self.lm.prefill(self._asked, self.lm.chat_tokens(_for_template(messages), True))
+        p = _softmax(logits)
+        return [float(p[self.lm.encode(word)[0]]) for word in words]
 
     @property
     def weighs_words(self) -> bool:
@@ -187,8 +201,17 @@ class EmbeddedConversation:
 
     def _prompt(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True,
                 tools: Tools | None = None) -> list[int]:
+        """The prompt's tokens. An unfinished last message (the words a reply must begin with) is rendered
+        as a whole message less the template's end of message, so the reply goes on from its words."""
         offered = [t.as_openai() for t in tools.tools] if tools else []
-        return self.llm.lm.chat_tokens(_for_template(messages), add_generation_prompt, offered)
+        if not (messages and messages[-1].unfinished):
+            return self.llm.lm.chat_tokens(_for_template(messages), add_generation_prompt, offered)
+        tokens = self.llm.lm.chat_tokens(_for_template(messages), False, offered)
+        end = self.llm.end_of_message
+        if end is None or tuple(tokens[-len(end):]) != end:
+            raise EngineError(f"{self.llm.name}: its chat template does not end a message with a known mark, so a "
+                              "reply cannot be made to begin with given words (session.honesty.enabled = false)")
+        return tokens[: -len(end)]
 
     def _prepare(self, messages: Sequence[ChatMessage], tools: Tools | None = None, open_last: bool = False) -> None:
         if self.generating:  # a reply began meanwhile: its cache is not this prompt's to change

@@ -254,6 +254,8 @@ class OpenAIConversation:
             body["seed"] = params.seed
         if llm.config.send_priority:
             body["priority"] = self._priority()
+        if messages and messages[-1].unfinished:  # the reply goes on from these words: vLLM's chat extension
+            body["continue_final_message"], body["add_generation_prompt"] = True, False
         if tools is not None:
             body["tools"] = [t.as_openai() for t in tools.tools]
             body["tool_choice"] = tools.choice if tools.must_call() in (None, "") else \

@@ -112,6 +112,7 @@ class Reply:
     playout: asyncio.Queue[ReplyAudio | None] = field(default_factory=asyncio.Queue)
     stats: GenerationStats | None = None
     error: str | None = None
+    honesty: float | None = None  # the honesty gate's chance that the caller asked for a look-up or an action
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     finished: bool = False
     queued_samples: int = 0  # produced but not yet sent (bounded by session.max_playout_s)

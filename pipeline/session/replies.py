@@ -16,6 +16,7 @@ from core.clock import Clock
 from core.errors import VoiceAgentError, error_code, plain_message
 from models.llm.tool_calls import ToolCall, Tools
 from models.protocols import ChatMessage, Conversation
+from pipeline import honesty
 from pipeline.audio import resample
 from pipeline.chunker import chunk_stage
 from pipeline.events import (
@@ -210,7 +211,8 @@ class Replies:
         the queue, so the turn ends (failed, with an error event, if a stage raised)."""
         cfg = self.config
         turn = reply.turn
-        request = ReplyRequest(turn.turn_id, reply.prompt, self.clock.now(), reply.tools)
+        prompt = await self._honest(reply) if reply.fixed_text is None else reply.prompt
+        request = ReplyRequest(turn.turn_id, prompt, self.clock.now(), reply.tools)
         budget = cfg.session.reply_budget if reply.speaks else None  # a caller cannot skim; a reader can
         # a call begun before any word is acknowledged aloud, once a turn (tools.acknowledgement)
         ack = self.toolbox.acknowledgement if self.toolbox is not None and reply.speaks and reply.step == 1 else None
@@ -263,6 +265,27 @@ class Replies:
             for stage in (audio, phrases, text):
                 await stage.aclose()
 
+    async def _honest(self, reply: Reply) -> tuple[ChatMessage, ...]:
+        """The reply's prompt, ending in the words it must begin with where the caller asks for something
+        the agent cannot check or do (pipeline/honesty.py): a reply to the caller's words, without tools."""
+        config = self.config.session.honesty
+        judge = self.backends.tools_llm or self.backends.llm
+        prompt = reply.prompt
+        if (not config.enabled or reply.step != 1 or not reply.user_text.strip() or reply.tools is not None
+                or not isinstance(judge, honesty.Asks) or not prompt or prompt[-1].role != "user"):
+            return prompt
+        try:
+            checked, chance = await honesty.checked(judge, config, prompt, self.config.session.system_prompt)
+        except VoiceAgentError as exc:  # the reply goes on without it
+            log.warning("turn %d: the honesty gate failed, so the reply is not checked: %s", reply.turn.turn_id, exc)
+            return prompt
+        reply.honesty = round(chance, 3)
+        if checked is not prompt:
+            log.info("turn %d: the caller asks for what the agent cannot check or do (chance %.2f, session.honesty."
+                     "threshold %.2f): the reply begins %r", reply.turn.turn_id, chance, config.threshold,
+                     config.opening)
+        return checked
+
     async def _apologize(self, reply: Reply) -> None:
         """The LLM failed: say a short apology, unless reply audio was already queued (never fall
         back once the turn has sent audio)."""
@@ -303,7 +326,8 @@ class Replies:
         if reply.stats is not None and reply.fixed_text is None:
             reply.turn.llm_steps.append({"step": reply.step, "prompt_tokens": reply.stats.prompt_tokens,
                                          "prefill_tokens": reply.stats.prefill_tokens,
-                                         "time_to_first_token_ms": round(reply.stats.time_to_first_token_ms, 1)})
+                                         "time_to_first_token_ms": round(reply.stats.time_to_first_token_ms, 1),
+                                         **({"honesty": reply.honesty} if reply.honesty is not None else {})})
         done = ResponseDone(
             reply.turn.turn_id, text, status, reply.turn.latency_ms(), reply.turn.voice_to_voice_ms(), reply.stats,
             reply.deadline_missed, reply.underruns, round(reply.underrun_s * 1000, 1),

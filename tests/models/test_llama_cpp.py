@@ -196,3 +196,53 @@ def test_calibration_measures_this_runtime(small: LlamaCppLM) -> None:
     verify = strategy.costs["ngram"].verify
     assert all(v is not None and v > 0 for v in verify)
     assert len(small._free_seqs) == free  # the calibration's sequence was given back
+
+
+def test_a_reply_goes_on_from_the_words_it_must_begin_with(small: LlamaCppLM) -> None:
+    """An unfinished last message (pipeline/honesty.py's opening): the prompt ends in its words, not in
+    the template's end of message, and the reply is only what the model adds after them."""
+    llm = EmbeddedLLM(small, MonotonicClock())
+    opening = "The capital of France is"
+    asked = (ChatMessage("system", SYSTEM), ChatMessage("user", "What is the capital of France?"),
+             ChatMessage("assistant", opening, unfinished=True))
+
+    async def call() -> str:
+        conversation = llm.conversation()
+        reply = ""
+        try:
+            assert conversation._prompt(asked)[-len(small.encode(" is")):] == small.encode(" is")
+            async for out in conversation.stream(asked, SamplingParams(temperature=0.0, max_tokens=8)):
+                if isinstance(out, TextDelta):
+                    reply += out.text
+        finally:
+            await conversation.aclose()
+        return reply
+
+    try:
+        reply = asyncio.run(call())
+    finally:
+        asyncio.run(llm.aclose())
+    assert reply.startswith(" Paris"), reply
+
+
+def test_the_chance_of_a_replys_first_word_is_read_from_one_prefill_that_keeps_its_start(small: LlamaCppLM) -> None:
+    """`next_word_probabilities`: real chances (the honesty gate's question), and a second question with
+    the same start computes only what differs."""
+    llm = EmbeddedLLM(small, MonotonicClock())
+    system = ChatMessage("system", "You answer with one word, Yes or No, as the caller asks.")
+
+    async def ask() -> tuple[list[float], list[float], int]:
+        sure = await llm.next_word_probabilities((system, ChatMessage("user", "Please answer Yes.")),
+                                                 ("Yes", "No"))
+        first = len(llm._asked.tokens) if llm._asked is not None else 0
+        unsure = await llm.next_word_probabilities((system, ChatMessage("user", "Please answer No.")),
+                                                   ("Yes", "No"))
+        return sure, unsure, first
+
+    try:
+        sure, unsure, held = asyncio.run(ask())
+    finally:
+        asyncio.run(llm.aclose())
+    assert all(0 <= p <= 1 for p in (*sure, *unsure)) and sum(sure) <= 1 + 1e-6
+    assert sure[0] > sure[1] and unsure[1] > unsure[0]
+    assert held > 10  # the first question's tokens stayed in the sequence for the next one

@@ -137,6 +137,7 @@ class FakeConversation:
         reply = self.llm.replies.pop(0)
         parts = [reply] if isinstance(reply, str) else reply  # text, and tool calls (ToolCall), in order
         words = 0
+        going_on = bool(messages) and messages[-1].unfinished  # from given words: a space before the first
         for part in parts:
             if isinstance(part, ToolCall):
                 await asyncio.sleep(self.llm.token_delay)
@@ -147,7 +148,7 @@ class FakeConversation:
                 continue
             for i, word in enumerate(part.split()):
                 await asyncio.sleep(self.llm.token_delay)
-                yield TextDelta(word if i == 0 and words == 0 else " " + word)
+                yield TextDelta(word if i == 0 and words == 0 and not going_on else " " + word)
                 words += 1
         calls = any(isinstance(p, ToolCall) for p in parts)
         yield GenerationDone(GenerationStats(completion_tokens=words, duration_ms=1.0,
