@@ -46,10 +46,6 @@ from pipeline.turns import Turn
 log = logging.getLogger(__name__)
 
 
-async def _one(item: ReplyRequest) -> AsyncIterator[ReplyRequest]:
-    yield item
-
-
 async def _said(turn_id: int, text: str, clock: Clock) -> AsyncGenerator[ReplyEvent, None]:
     """A fixed sentence as if the LLM had written it (the filler)."""
     yield ReplyText(turn_id, text, clock.now())
@@ -211,12 +207,10 @@ class Replies:
         the queue, so the turn ends (failed, with an error event, if a stage raised)."""
         cfg = self.config
         turn = reply.turn
-        prompt = await self._honest(reply) if reply.fixed_text is None else reply.prompt
-        request = ReplyRequest(turn.turn_id, prompt, self.clock.now(), reply.tools)
         budget = cfg.session.reply_budget if reply.speaks else None  # a caller cannot skim; a reader can
         # a call begun before any word is acknowledged aloud, once a turn (tools.acknowledgement)
         ack = self.toolbox.acknowledgement if self.toolbox is not None and reply.speaks and reply.step == 1 else None
-        text = (llm_stage(_one(request), self.conversation, cfg.sampling, self.clock, budget, ack)
+        text = (llm_stage(self._request(reply), self.conversation, cfg.sampling, self.clock, budget, ack)
                 if reply.fixed_text is None else _said(turn.turn_id, reply.fixed_text, self.clock))
         phrases = chunk_stage(text, cfg.chunker, self.clock)
         audio = (tts_stage(phrases, self.backends.tts, self.backends.tts_worker, self.rate, self.clock,
@@ -264,6 +258,12 @@ class Replies:
             # Close the line from its end back to the LLM, so an abandoned generation stops now.
             for stage in (audio, phrases, text):
                 await stage.aclose()
+
+    async def _request(self, reply: Reply) -> AsyncIterator[ReplyRequest]:
+        """The reply's one request to the LLM, its prompt through the honesty gate first (inside the reply's
+        line, so a reply stopped while the gate is asked ends like any other)."""
+        prompt = await self._honest(reply)
+        yield ReplyRequest(reply.turn.turn_id, prompt, self.clock.now(), reply.tools)
 
     async def _honest(self, reply: Reply) -> tuple[ChatMessage, ...]:
         """The reply's prompt, ending in the words it must begin with where the caller asks for something
