@@ -45,7 +45,9 @@ NAMES = ("a", "b", "c")
 KEYS = {test: f"replica-test-key-{test}-0123456789"
         for test in ("token", "seen", "limit", "sigterm", "sigterm-newcomers", "sigkill", "restart")}
 BUCKET = "calls"
-DRAIN_S = 30.0
+# how long a replica told to stop waits for its calls' replies: a limit, not a margin. The SIGTERM test's
+# reply ran past 30 s in a fresh-clone run while benchmarks loaded the same 2 cores, and was cut
+DRAIN_S = 120.0
 
 
 @dataclass
