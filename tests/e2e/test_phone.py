@@ -58,6 +58,12 @@ async def call(phone_server: Server) -> AsyncIterator[PhoneSim]:
     await sim.hangup()
 
 
+# A question the phone line carries whole, and its answer's words: at 8 kHz Whisper tiny.en has heard
+# "What is the capital of France?" as "What is the capital and friends?" and "... of Italy?" as "in the capital
+# immediately.", which the 0.5B answered with the capital by luck and the honesty gate declines as unanswerable
+QUESTION, ANSWER = "How many days are there in a week?", {"seven", "7"}
+
+
 async def turn_done(server: Server, call_id: str, count: int, timeout: float = 90) -> dict[str, Any]:
     """The call's `count`-th response.done, once logged."""
     deadline = time.monotonic() + timeout
@@ -77,7 +83,7 @@ async def test_a_phone_call_holds_a_two_turn_conversation(phone_server: Server, 
         await call.wait_until(call.heard_everything, 30)
         first_audio = call.first_media_after(spoke_until)
         assert done["status"] == "completed" and first_audio is not None
-        assert 0 < first_audio - spoke_until < 15
+        assert 0 < first_audio - spoke_until < 60  # a bound, not a speed: 26 s was seen with benchmarks on the cores
         replies.append(done)
     heard = call_records(phone_server.log(), call.call_sid, "caller")
     assert "alice" in words(heard[0]["text"]), heard
@@ -192,9 +198,9 @@ async def test_a_replayed_stream_is_refused_while_fresh_calls_are_answered(phone
     """A capture of a call's stream (its signed upgrade and its `start`, nonce and all), replayed
     after the call, opens a socket (the signature covers only the fixed URL) but starts no call."""
     await asyncio.sleep(0.4)
-    await call.say(speech_samples("What is the capital of France?", tmp_path, 8000))
+    await call.say(speech_samples(QUESTION, tmp_path, 8000))
     done = await turn_done(phone_server, call.call_sid, 1)
-    assert done["status"] == "completed" and "paris" in words(done["text"]), done
+    assert done["status"] == "completed" and ANSWER & set(words(done["text"])), done
     replay = PhoneSim(call.url, auth_token=TOKEN, signed_url=call.signed_url, parameters=dict(call.parameters),
                       call_sid=call.call_sid, stream_sid=call.stream_sid)
     await replay.connect()
@@ -203,9 +209,9 @@ async def test_a_replayed_stream_is_refused_while_fresh_calls_are_answered(phone
     assert "the stream did not come from this server's TwiML" in phone_server.log()
     fresh = await dial(phone_server.base_url, ws_base(phone_server), PUBLIC, TOKEN)  # a new call: answered
     await asyncio.sleep(0.4)
-    await fresh.say(speech_samples("What is the capital of France?", tmp_path, 8000))
+    await fresh.say(speech_samples(QUESTION, tmp_path, 8000))
     again = await turn_done(phone_server, fresh.call_sid, 1)
-    assert again["status"] == "completed" and "paris" in words(again["text"]), again
+    assert again["status"] == "completed" and ANSWER & set(words(again["text"])), again
     await fresh.hangup()
 
 
@@ -253,12 +259,12 @@ async def test_a_telnyx_call_is_answered_and_calls_are_counted_by_transport(phon
     sim = PhoneSim(ws_base(phone_server) + "/telnyx/media", provider="telnyx", stream_token=stream["token"])
     await sim.connect()
     await asyncio.sleep(0.4)
-    await sim.say(speech_samples("What is the capital of France?", tmp_path, 8000))
+    await sim.say(speech_samples(QUESTION, tmp_path, 8000))
     done = await turn_done(phone_server, sim.call_sid, 1)
     assert transport_counts(phone_server) == (started_before + 1, 1)  # this call, counted as Telnyx's
     await sim.wait_until(sim.heard_everything, 30)
     await sim.hangup()
-    assert done["status"] == "completed" and "paris" in words(done["text"]), done
+    assert done["status"] == "completed" and ANSWER & set(words(done["text"])), done
     assert sim.marks and len(sim.played_audio()) > 8000 * 0.5
     deadline = time.monotonic() + 10  # its slot is given back as soon as the server reads the stop
     while transport_counts(phone_server)[1] != 0:
