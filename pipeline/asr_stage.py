@@ -129,6 +129,7 @@ async def asr_stage(
                 audio = np.concatenate(chunks)
                 early = asyncio.ensure_future(worker.run(scored, audio))
                 spawn(announce(event.turn_id, early, len(audio) / recognizer.sample_rate, event.at))
+                await out.put(event)
             elif isinstance(event, SpeechResumed):
                 if early is not None:
                     early.cancel()  # its result would miss what the caller is saying now

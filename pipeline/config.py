@@ -229,7 +229,8 @@ class SessionConfig(BaseModel):
     barge_in_max_hold_ms: int = Field(
         1500, ge=0, description="while the bot talks, a caller's sound pauses its audio; at the caller's first pause "
         "(endpointing.early_final_ms) or the end of the sound, a word that is not a backchannel interrupts it, a cough "
-        "or a backchannel lets it go on, and speech that lasts this long interrupts it in any case")
+        "or a backchannel lets it go on, and speech that lasts this long interrupts it in any case (the caller's "
+        "pauses, while their words are recognized, are not counted)")
     backchannels: list[str] = Field(
         default_factory=lambda: ["mm-hmm", "mhm", "hmm", "mm", "uh-huh", "yeah", "yes", "yep", "okay", "ok", "right",
                                  "sure", "i see", "got it", "uh", "um"],

@@ -222,6 +222,6 @@ class ErrorEvent:
     turn_id: int | None = None
 
 
-InputEvent = (SpeechStarted | SpeechResumed | SpeechStopped | TranscriptPartial | TranscriptEarly | TranscriptFinal
-              | ErrorEvent)
+InputEvent = (SpeechStarted | SpeechPaused | SpeechResumed | SpeechStopped | TranscriptPartial | TranscriptEarly
+              | TranscriptFinal | ErrorEvent)
 OutEvent = InputEvent | ReplyText | ResponseDone | FunctionCallDelta | FunctionCallRequest

@@ -1,7 +1,9 @@
 """Barge-in: the caller's sound while the bot talks pauses its audio until it is known what it
 is. A word that is not a backchannel (at the caller's first pause, or at the end of the sound)
 interrupts the reply, a cough or an "mm-hmm" lets it go on, and speech that lasts
-`session.barge_in_max_hold_ms` interrupts it in any case. Speech that interrupts a reply within
+`session.barge_in_max_hold_ms` interrupts it in any case: the time is counted while the caller
+speaks, not while they pause and their words are being recognized (a "yeah" whose transcript came
+late on a busy machine used to interrupt the story it was meant to let go on). Speech that interrupts a reply within
 `session.take_back_ms` of its first audio takes it back: the turn had been ended too soon (the
 session acts on that: `Session._interrupt`)."""
 
@@ -44,6 +46,8 @@ class BargeIn:
         self.pending: int | None = None  # the turn of that sound
         self.began: float | None = None  # when it began
         self._timer: asyncio.Task[None] | None = None
+        self._left = 0.0  # the speech still to be heard before it interrupts in any case, in seconds
+        self._armed_at = 0.0  # when the timer last started counting
         self.let_go: set[int] = set()  # turns over the bot heard as backchannels, until their final transcript
         # True: a reply the caller talks over within session.take_back_ms of its start is taken back
         self.takes_back = config.session.take_back_ms > 0
@@ -61,11 +65,28 @@ class BargeIn:
         if self.pending is None:
             self.began = self.clock.now()
         self.pending = turn_id
+        cfg = self.config
+        self._left = max(0, cfg.session.barge_in_max_hold_ms - cfg.endpointing.min_speech_ms) / 1000
+        self._count(turn_id)
+
+    def _count(self, turn_id: int) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        cfg = self.config
-        wait = max(0, cfg.session.barge_in_max_hold_ms - cfg.endpointing.min_speech_ms) / 1000
-        self._timer = asyncio.create_task(self._after(wait, turn_id))
+        self._armed_at = self.clock.now()
+        self._timer = asyncio.create_task(self._after(self._left, turn_id))
+
+    def paused(self, turn_id: int) -> None:
+        """The held sound paused (endpointing.early_final_ms of silence): its words are being
+        recognized, and the time it may last stops counting until it goes on."""
+        if self.pending == turn_id and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._left = max(0.0, self._left - (self.clock.now() - self._armed_at))
+
+    def resumed(self, turn_id: int) -> None:
+        """The held sound goes on after a pause: the time it may last counts again."""
+        if self.pending == turn_id and self._timer is None:
+            self._count(turn_id)
 
     async def _after(self, wait: float, turn_id: int) -> None:
         await self.clock.sleep(wait)

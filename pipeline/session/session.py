@@ -30,6 +30,7 @@ from pipeline.endpointing import vad_stage
 from pipeline.events import (
     InputEvent,
     ResponseDone,
+    SpeechPaused,
     SpeechResumed,
     SpeechStarted,
     SpeechStopped,
@@ -205,7 +206,11 @@ class Session:
             turn.ended_at = event.ended_at
             await self.outbound.send_event(event)
             return
+        if isinstance(event, SpeechPaused):
+            self.barge.paused(event.turn_id)
+            return
         if isinstance(event, SpeechResumed):
+            self.barge.resumed(event.turn_id)
             if (resumed := self.book.open.get(event.turn_id)) is not None:
                 resumed.endpointing = {}  # that pause did not end the turn
             reply = self.replies.current

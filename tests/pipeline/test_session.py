@@ -640,6 +640,51 @@ async def test_a_backchannel_whose_turn_ends_late_is_let_go_at_its_pause() -> No
     await task
 
 
+class SlowRecognizer(FakeRecognizer):
+    """A fake recognizer that takes `seconds` (on the ASR worker) over the transcript of `word`, as a
+    busy machine does."""
+
+    def __init__(self, finals: list[str], word: str, seconds: float) -> None:
+        super().__init__(finals)
+        self.word, self.seconds = word, seconds
+
+    def transcribe(self, audio: Audio, beam_size: int | None = None) -> str:
+        text = super().transcribe(audio, beam_size)
+        if text == self.word:
+            time.sleep(self.seconds)
+        return text
+
+
+async def test_a_backchannel_recognized_late_still_lets_the_reply_go_on() -> None:
+    """The time a sound over the bot may last before it interrupts in any case counts speech, not the
+    pause in which its words are being recognized: a "yeah" (0.3 s) whose transcript takes 1.2 s, more
+    than the 0.6 s hold, lets the reply go on."""
+    llm = FakeLLM([STORY])
+    finals = ["Tell me a story.", "yeah"]
+    session, out = make_session(llm, finals)
+    slow = SlowRecognizer(finals, "yeah", 1.2)
+    session = remade(session, backends=replace(session.backends, asr=slow), config=replace(
+        session.config,
+        endpointing=EndpointingConfig(min_speech_ms=64, end_silence_ms=3000, early_final_ms=192, prefix_padding_ms=100),
+        session=whole(output_lead_ms=0, output_chunk_ms=20, barge_in_max_hold_ms=600)))
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    for _ in range(160):  # the first turn ends after 3 s of silence, in real time
+        await speak(session, 0.02, False)
+        await asyncio.sleep(0.02)
+    await out.wait(lambda: sum(len(a) for a in out.audio) >= 2 * 8000 * 0.3)
+    await speak(session, 0.3, True)  # "yeah"
+    for _ in range(100):
+        await speak(session, 0.02, False)
+        await asyncio.sleep(0.02)
+    await out.wait(lambda: done_events(out), timeout=15)
+    done = done_events(out)[0]
+    assert done.status == "completed" and done.text == STORY, done
+    assert len(llm.requests) == 1  # "yeah" got no reply of its own
+    await session.audio_in.put(None)
+    await task
+
+
 class MisreadingRecognizer(FakeRecognizer):
     """A fake recognizer that reads every interim pass (beam 1) as "Thank you.", as whisper-tiny.en
     read "Okay." cut off at 300 ms; the passes on whole words (at a pause, at the end) are scripted."""
