@@ -12,7 +12,8 @@ hours from here."), and what it says is a refusal in its own words.
 
 The question is asked of the default LLM (the one the threshold was chosen on) and only where it
 gives probabilities (the embedded engine); only for a reply to the caller's words in a call without
-tools (a call with tools has its own prompt, and the call itself is the way to check).
+tools (a call with tools has its own prompt, and the call itself is the way to check), and not for keys
+pressed (they answer the agent's own menu).
 """
 
 from __future__ import annotations

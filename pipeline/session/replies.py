@@ -267,12 +267,13 @@ class Replies:
 
     async def _honest(self, reply: Reply) -> tuple[ChatMessage, ...]:
         """The reply's prompt, ending in the words it must begin with where the caller asks for something
-        the agent cannot check or do (pipeline/honesty.py): a reply to the caller's words, without tools."""
+        the agent cannot check or do (pipeline/honesty.py): a reply to the caller's spoken words, without tools
+        (keys pressed answer the agent's own menu: "The caller pressed 4 2 #" was judged a look-up at 0.74)."""
         config = self.config.session.honesty
         judge = self.backends.tools_llm or self.backends.llm
         prompt = reply.prompt
         if (not config.enabled or reply.step != 1 or not reply.user_text.strip() or reply.tools is not None
-                or not isinstance(judge, honesty.Asks) or not prompt or prompt[-1].role != "user"):
+                or reply.turn.dtmf or not isinstance(judge, honesty.Asks) or not prompt or prompt[-1].role != "user"):
             return prompt
         try:
             checked, chance = await honesty.checked(judge, config, prompt, self.config.session.system_prompt)

@@ -88,7 +88,7 @@ async def test_a_phone_call_holds_a_two_turn_conversation(phone_server: Server, 
         replies.append(done)
     heard = call_records(phone_server.log(), call.call_sid, "caller")
     assert "alice" in words(heard[0]["text"]), heard
-    assert "alice" in words(replies[1]["text"]), replies[1]
+    assert "alice" in words(replies[1]["text"]), (heard, replies)  # what was heard, and the honesty gate's chance
     # every mark the server sent came back after its audio played; the last says the whole reply was heard
     assert call.marks and all(m.played for m in call.marks)
     assert len(call.played_audio()) == len(call.received_audio())  # all of it played

@@ -124,3 +124,17 @@ async def test_a_request_it_can_answer_and_a_gate_turned_off_leave_the_reply_alo
     session, out = gated_session(off, ["When does the pharmacy close?"], enabled=False)
     await one_turn(session, out)
     assert done_events(out)[0].text == "It closes at six." and not off.judge.asked
+
+
+async def test_keys_pressed_are_not_judged() -> None:
+    """Keys answer the agent's own menu; the judge was never shown them ("The caller pressed 4 2 # on the
+    phone keypad." was judged a look-up at 0.74 by the real 1.5B), so a keypad turn is not asked about."""
+    llm = JudgingLLM(["You entered four two."], {"keypad": 0.95})
+    session, out = gated_session(llm, [])
+    task = asyncio.create_task(session.run())
+    for key in "42#":
+        await session.on_dtmf(key)
+    await out.wait(lambda: done_events(out))
+    await session.audio_in.put(None)
+    await task
+    assert done_events(out)[0].text == "You entered four two." and not llm.judge.asked
