@@ -123,8 +123,16 @@ async def test_a_closing_conversation_goes_first_and_frees_its_sequence_even_if_
     conversation = engine.conversation()
     await generate(conversation, [ChatMessage("user", "Hi")])
     held = len(lm._free_seqs)
-    gate = threading.Event()
-    engine.worker.submit(None, gate.wait)  # the worker busy: what comes next queues behind it
+    gate, busy = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        busy.set()
+        gate.wait()
+
+    engine.worker.submit(None, hold)  # the worker busy: what comes next queues behind it
+    # ... once it has taken that job: a job still queued with no deadline comes after the live call's step, which
+    # then ran before the close was queued (15 free sequences seen, not 16, in one fresh-clone run)
+    assert busy.wait(30)
     seen: list[int] = []
     step = engine.worker.submit(engine.clock.now() + 60, lambda: seen.append(len(lm._free_seqs)))  # a live call's
     closing = asyncio.create_task(conversation.aclose())
