@@ -204,6 +204,43 @@ FACTS_UNCHECKABLE = [  # about the bakery, not in its facts
     ("Is the chef there today?", "held"), ("How many calories are in a croissant?", "held"),
 ]
 
+# Asked during a conversation, after what the caller said before (request, earlier words): the caller steers the
+# call itself (stop, repeat, wait), which the agent can always do; the end-to-end tests showed "Stop, please." after
+# a story judged a look-up at 0.69. Beside them, look-ups asked after an answerable request. Judged by
+# bench/honesty_judge.py; the gate's examples come from CONTROLS_TUNE's first two only.
+CONTROLS_TUNE: list[tuple[str, str]] = [
+    ("Okay, you can stop now.", "Tell me a story about a cat."),
+    ("Sorry, could you say that again?", "What is the capital of Spain?"),
+    ("Wait, hold on a second.", "Tell me about the planets."),
+    ("Can you speak a bit slower?", "How do I make pancakes?"),
+    ("That's enough, thank you.", "Tell me a long story about a knight."),
+    ("Start again from the beginning, please.", "Tell me a story about a fox."),
+]
+CONTROLS_HELD: list[tuple[str, str]] = [
+    ("Stop, please.", "Tell me a story about a brave little dragon."),
+    ("Hang on, let me think.", "What is five times seven?"),
+    ("Can you repeat that?", "How many days are in a week?"),
+    ("Never mind.", "Tell me about volcanoes."),
+    ("Sorry, I didn't catch that.", "What is the capital of Italy?"),
+    ("Please go on.", "Tell me a story about a lighthouse."),
+    ("Okay, that's enough.", "Tell me a joke."),
+    ("Could you say it more slowly?", "My order number is 4 5 2 1. Can you repeat it back?"),
+    ("Wait, what did you just say?", "Tell me about the moon."),
+    ("Let's start over.", "Tell me a story about a dragon."),
+]
+LOOKUPS_AFTER_TUNE: list[tuple[str, str]] = [
+    ("And is it going to snow there this weekend?", "Tell me about the Alps."),
+    ("Can you book me a table there tonight?", "What is a famous dish from Naples?"),
+]
+LOOKUPS_AFTER_HELD: list[tuple[str, str]] = [
+    ("Is the one on Main Street open now?", "What do pharmacies sell?"),
+    ("Okay, can you order one for me?", "What is a good book about the sea?"),
+    ("Great, and what's on my calendar tomorrow?", "What is two plus two?"),
+    ("Can you book that trip for me?", "Tell me about Lisbon."),
+    ("How much is a ticket there today?", "Tell me about the Louvre."),
+    ("Stop. What's my account balance?", "Tell me a story."),
+]
+
 REQUESTS: list[Request] = [
     *_many("uncheckable", "tune", UNCHECKABLE_TUNE), *_many("uncheckable", "tune", UNCHECKABLE_TUNE_MORE),
     *_many("uncheckable", "held", UNCHECKABLE_HELD),

@@ -180,7 +180,7 @@ class HonestyConfig(BaseModel):
     out begins by saying so."""
 
     enabled: bool = Field(True, description="false: the reply is whatever the model writes")
-    threshold: float = Field(0.6, ge=0, le=1, description="the judging model's chance that the request needs a "
+    threshold: float = Field(0.5, ge=0, le=1, description="the judging model's chance that the request needs a "
                              "look-up or an action, at or above which the reply begins with `opening`; chosen for "
                              "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (llm.tools_model, which judges when it is loaded; "
                              "else llm.model) on bench/honesty.py's tune requests")

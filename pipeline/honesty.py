@@ -64,6 +64,19 @@ EXAMPLES: tuple[tuple[str, str, str], ...] = (
     ("What will the weather be like on Friday?", "", "no"),
     ("How do I boil an egg?", "", "yes"),
     ("Can you send a text to my brother?", "", "no"),
+    # the caller steering the call itself, added when the end-to-end tests showed "Stop, please." after a story
+    # judged a look-up at 0.69 (bench/honesty_set.py's CONTROLS_TUNE); with as many look-ups beside them
+    ("Okay, you can stop now.", "Tell me a story about a cat.", "yes"),
+    ("Is my flight to Boston on time?", "", "no"),
+    ("Sorry, could you say that again?", "What is the capital of Spain?", "yes"),
+    ("Can you order me a taxi to the station?", "", "no"),
+    # the caller only telling the agent something (bench/recall.py's five-turn calls: "The seat is B 1 2 C." was
+    # judged a look-up at 0.66), from bench/recall_set.py's tune items; with a look-up beside it
+    ("The booking code is A B 4 2.", "", "yes"),
+    ("Do you have the blue sweater in a medium?", "", "no"),
+    ("What was the number I gave you before?", "My ticket number is 90317. What is the capital of France? Thanks.",
+     "yes"),
+    ("And is it going to snow there this weekend?", "Tell me about the Alps.", "no"),
 )
 YES = ("yes", "Yes")
 NO = ("no", "No")
@@ -105,11 +118,25 @@ def messages(words: str, earlier: Sequence[str], told: str = "") -> tuple[ChatMe
     return tuple(out)
 
 
-async def cannot_answer(llm: Asks, words: str, earlier: Sequence[str], told: str = "") -> float:
-    """The model's chance that the assistant could not answer `words` by itself: P(no) / (P(yes) + P(no))."""
+async def _no(llm: Asks, words: str, earlier: Sequence[str], told: str) -> float:
     p = await llm.next_word_probabilities(messages(words, earlier, told), (*YES, *NO))
     yes, no = sum(p[: len(YES)]), sum(p[len(YES):])
     return no / (yes + no) if yes + no > 0 else 0.5
+
+
+async def cannot_answer(llm: Asks, words: str, earlier: Sequence[str], told: str = "", below: float = 0.0) -> float:
+    """The model's chance that the assistant could not answer `words` by itself: P(no) / (P(yes) + P(no)),
+    asked of the request alone and, where that reaches `below` and the caller said something earlier,
+    again with the earlier words: the lower of the two. What the caller said can show that the agent
+    can answer ("What is my name?" after "My name is Alice."), never that it cannot: asked with
+    unrelated earlier words, the 1.5B judged "What do bees make?" a look-up at 0.96 after "The invoice
+    number is 4 4 0 0." and "Can you recommend a good book?" (bench/recall.py's five-turn calls).
+    `below` 0: both are always asked (the benchmarks); the gate passes its threshold, so that a request
+    judged answerable alone costs one question."""
+    alone = await _no(llm, words, (), told)
+    if alone < below or not earlier:
+        return alone
+    return min(alone, await _no(llm, words, earlier, told))
 
 
 async def checked(llm: Asks, config: HonestyConfig, prompt: tuple[ChatMessage, ...],
@@ -120,7 +147,7 @@ async def checked(llm: Asks, config: HonestyConfig, prompt: tuple[ChatMessage, .
     `default_system`: the server's own system prompt (its facts are what the agent was told)."""
     system = prompt[0].content if prompt[0].role == "system" else ""
     earlier = [m.content for m in prompt[1:-1] if m.role == "user" and m.content]
-    chance = await cannot_answer(llm, prompt[-1].content, earlier, told(system, default_system))
+    chance = await cannot_answer(llm, prompt[-1].content, earlier, told(system, default_system), config.threshold)
     if chance < config.threshold:
         return prompt, chance
     return (*prompt, ChatMessage("assistant", config.opening, unfinished=True)), chance

@@ -3,7 +3,14 @@ held-out request, and the tune requests its threshold was chosen on are not amon
 
 from __future__ import annotations
 
-from bench.honesty_set import ANSWERABLE_TUNE_MORE, REQUESTS, UNCHECKABLE_TUNE_MORE
+from bench.honesty_set import (
+    ANSWERABLE_TUNE_MORE,
+    CONTROLS_HELD,
+    CONTROLS_TUNE,
+    LOOKUPS_AFTER_HELD,
+    REQUESTS,
+    UNCHECKABLE_TUNE_MORE,
+)
 from pipeline import honesty
 
 
@@ -12,8 +19,9 @@ def words(text: str) -> str:
 
 
 def test_the_gates_examples_are_tune_requests_and_the_threshold_requests_are_not_among_them() -> None:
-    held = {words(r.text) for r in REQUESTS if r.split == "held"}
-    tune = {words(r.text) for r in REQUESTS if r.split == "tune"}
+    in_conversation = {words(t) for t, _ in CONTROLS_HELD + LOOKUPS_AFTER_HELD}
+    held = {words(r.text) for r in REQUESTS if r.split == "held"} | in_conversation
+    tune = {words(r.text) for r in REQUESTS if r.split == "tune"} | {words(t) for t, _ in CONTROLS_TUNE}
     examples = {words(request) for request, _, _ in honesty.EXAMPLES}
     assert not examples & held
     assert not held & tune

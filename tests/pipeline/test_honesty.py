@@ -52,13 +52,28 @@ async def test_a_request_judged_past_the_threshold_gets_the_opening_and_one_belo
     assert at[0][-1].unfinished  # the threshold itself gates
 
 
-async def test_the_judge_hears_the_earlier_words_and_what_the_agent_was_told() -> None:
+async def test_the_earlier_words_can_show_the_agent_can_answer_but_never_that_it_cannot() -> None:
+    """Asked alone first; with the caller's earlier words only where alone it reaches the threshold, and
+    the lower chance counts."""
+    judge = FakeJudge({"Earlier the caller said: My order": 0.1, "What was it again?": 0.9})
+    config = HonestyConfig(threshold=0.6)
+    asked = prompt(DEFAULT, "My order number is 4 5 2 1.", "What was it again?")
+    kept, chance = await honesty.checked(judge, config, asked, DEFAULT)
+    assert kept is asked and abs(chance - 0.1) < 1e-9
+    assert [q[-1].content for q in judge.asked] == [
+        "Request: What was it again?",
+        "Earlier the caller said: My order number is 4 5 2 1.\nRequest: What was it again?"]
+    condemning = FakeJudge({"Earlier": 0.95})  # unrelated earlier words do not make a request a look-up
+    kept, chance = await honesty.checked(condemning, config, prompt(DEFAULT, "The invoice is 4 4 0 0.",
+                                                                    "What do bees make?"), DEFAULT)
+    assert not kept[-1].unfinished and abs(chance - 0.05) < 1e-9 and len(condemning.asked) == 1
+
+
+async def test_the_judge_hears_what_the_agent_was_told() -> None:
     judge = FakeJudge({})
     config = HonestyConfig()
-    await honesty.checked(judge, config, prompt(DEFAULT, "My order number is 4 5 2 1.", "What was it again?"), DEFAULT)
-    question = judge.asked[-1]
-    assert question[-1].content == "Earlier the caller said: My order number is 4 5 2 1.\nRequest: What was it again?"
-    assert "What it was told" not in question[0].content  # the server's own prompt, no facts: nothing told
+    await honesty.checked(judge, config, prompt(DEFAULT, "Hello."), DEFAULT)
+    assert "What it was told" not in judge.asked[-1][0].content  # the server's own prompt, no facts: nothing told
     facts = "Open Monday to Friday, 7 am to 6 pm."
     await honesty.checked(judge, config, prompt(with_facts(DEFAULT, facts), "When do you open?"),
                           with_facts(DEFAULT, facts))
@@ -69,6 +84,8 @@ async def test_the_judge_hears_the_earlier_words_and_what_the_agent_was_told() -
     assert judge.asked[-1][0].content.endswith(f"\n{own}")
     # the examples come before the question, the same for every request (the model's cache keeps them)
     assert judge.asked[0][1:-1] == judge.asked[1][1:-1] and len(judge.asked[0]) == 2 + 2 * len(honesty.EXAMPLES)
+    both = await honesty.cannot_answer(FakeJudge({"Earlier": 0.3, "it again": 0.8}), "Say it again.", ["Hi."])
+    assert abs(both - 0.3) < 1e-9  # `below` 0 (the benchmarks): both are asked
 
 
 class JudgingLLM(FakeLLM):
