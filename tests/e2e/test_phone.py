@@ -78,7 +78,10 @@ async def test_a_phone_call_holds_a_two_turn_conversation(phone_server: Server, 
                                                           tmp_path: Path) -> None:
     await asyncio.sleep(0.4)  # the line is open: silence
     replies = []
-    for n, question in enumerate(("My name is Alice.", "What is my name?"), 1):
+    # "Can you tell me what my name is?", not "What is my name?": CI's machine heard the short one as "work in my
+    # name" (which the honesty gate rightly judged a request it cannot carry out, 0.88); a word misheard in the
+    # longer one still leaves a request about the caller's name ("Can you tell me what my name": 0.03)
+    for n, question in enumerate(("My name is Alice.", "Can you tell me what my name is?"), 1):
         spoke_until = await call.say(speech_samples(question, tmp_path, 8000))
         done = await turn_done(phone_server, call.call_sid, n)
         await call.wait_until(call.heard_everything, 30)
