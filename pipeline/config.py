@@ -45,6 +45,30 @@ class SoundAlone(BaseModel):
         0.05, gt=0, lt=1, description="at or below this the caller gets the whole max_patience_ms")
 
 
+class NoiseFloorConfig(BaseModel):
+    """pipeline/noise_floor.py: where the line's background fools the VAD (other people talking), a window not
+    louder than the background is silence, whatever the VAD says; the caller is the voice near the microphone."""
+    enabled: bool = Field(True, description="gate the VAD on the noise floor (off: the VAD alone decides)")
+    start_margin_db: float = Field(6.0, ge=0, le=40, description="outside a turn or in a pause, a window must be "
+                                   "this far above the floor to count as speech")
+    stop_margin_db: float = Field(3.0, ge=0, le=40, description="while the caller talks, a window this close to "
+                                  "the floor counts as silence")
+    fooled_probability: float = Field(
+        0.5, gt=0, le=1, description="the gate acts only while the VAD's median probability over the quietest "
+        "windows (those within stop_margin_db of the floor) reaches this: the background sounds like speech. Steady "
+        "noise, which Silero already ignores, is left to it")
+    window_s: float = Field(6.0, gt=0, le=60, description="the floor is a low percentile of the levels of this much "
+                            "of the line heard while the caller was not talking")
+    first_s: float = Field(1.0, ge=0, le=60, description="the gate acts only after the line's first seconds, which "
+                           "count toward the floor even while the caller talks (a caller who speaks at once is not "
+                           "taken for the background, and a call that opens on other people talking does not keep "
+                           "its first turn going until endpointing.max_turn_s)")
+    percentile: float = Field(20.0, ge=0, le=50, description="which percentile of those levels is the floor")
+    smooth_ms: int = Field(96, ge=0, le=1000, description="the level is smoothed over this long (0: not smoothed)")
+    quiet_dbfs: float = Field(-70.0, le=0, description="a window quieter than this is left to the VAD (a quiet "
+                              "line: no background to tell the caller from)")
+
+
 class EndpointingConfig(BaseModel):
     threshold: float = Field(0.5, gt=0, lt=1, description="speech probability that counts as speech")
     neg_threshold: float | None = Field(None, description="below this counts as silence (default threshold - 0.15)")
@@ -53,6 +77,7 @@ class EndpointingConfig(BaseModel):
         480, ge=64, description="silence that ends the caller's turn when no end-of-turn model is used (turn.engine "
         "= \"off\", or the model failed)")
     prefix_padding_ms: int = Field(300, ge=0, description="audio before the detected start given to ASR")
+    noise_floor: NoiseFloorConfig = Field(default_factory=NoiseFloorConfig)
     max_turn_s: float = Field(30.0, gt=1, description="a turn longer than this is ended")
     early_final_ms: int = Field(
         150, ge=0, description="a pause: after this much silence the end-of-turn evidence is gathered (the "

@@ -1,7 +1,9 @@
 """Endpointing: deciding from speech probabilities when the caller starts and stops talking.
 
 `Endpointer` is the pure decision logic (unit-tested with made-up probabilities); `vad_stage` runs
-it on a real VAD, keeps the turn's audio, and yields SpeechStarted / SpeechAudio / SpeechStopped.
+it on a real VAD (gated on the line's noise floor where the background sounds like speech:
+pipeline/noise_floor.py), keeps the turn's audio, and yields SpeechStarted / SpeechAudio /
+SpeechStopped.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pipeline.events import (
     SpeechStarted,
     SpeechStopped,
 )
+from pipeline.noise_floor import NoiseFloor
 from pipeline.turn_judge import TurnJudge
 
 log = logging.getLogger(__name__)
@@ -143,6 +146,7 @@ async def vad_stage(
     judged = judge is not None and judge.active and config.early_final_ms > 0
     endpointer = Endpointer(config, window_ms, judged=judged,
                             patience_ms=int(judge.policy.max_patience_ms) if judge is not None else None)
+    floor = NoiseFloor(config.noise_floor, window_ms)
     # Audio kept from before a detected start: the padding plus the speech that confirmed it.
     keep = int(sample_rate * (config.prefix_padding_ms + config.min_speech_ms) / 1000) + window_samples
     history: deque[np.ndarray] = deque()
@@ -168,7 +172,8 @@ async def vad_stage(
             for prob in probs:
                 window, pending = pending[:window_samples], pending[window_samples:]
                 consumed += window_samples
-                decision = endpointer.feed(prob)
+                talking = endpointer.in_speech and not endpointer.in_pause()
+                decision = endpointer.feed(floor.gate(prob, window, talking))
                 answer: float | None = None
                 if decision is None and judge is not None and judged and endpointer.in_pause():
                     evidence = judge.evidence()
