@@ -48,7 +48,8 @@ class SoundAlone(BaseModel):
 class NoiseFloorConfig(BaseModel):
     """pipeline/noise_floor.py: where the line's background fools the VAD (other people talking), a window not
     louder than the background is silence, whatever the VAD says; the caller is the voice near the microphone."""
-    enabled: bool = Field(True, description="gate the VAD on the noise floor (off: the VAD alone decides)")
+    enabled: bool = Field(False, description="gate the VAD on the noise floor (off: the VAD alone decides). Off by "
+                          "default until three end-to-end tests that failed with it on are understood (issue 36 note)")
     start_margin_db: float = Field(6.0, ge=0, le=40, description="outside a turn or in a pause, a window must be "
                                    "this far above the floor to count as speech")
     stop_margin_db: float = Field(3.0, ge=0, le=40, description="while the caller talks, a window this close to "

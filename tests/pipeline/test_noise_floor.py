@@ -27,7 +27,7 @@ def feed(floor: NoiseFloor, windows: list[tuple[float, float]], talking: bool = 
 
 
 def test_a_background_that_sounds_like_speech_is_not_the_caller() -> None:
-    floor = NoiseFloor(NoiseFloorConfig(smooth_ms=0), WINDOW_MS)
+    floor = NoiseFloor(NoiseFloorConfig(enabled=True, smooth_ms=0), WINDOW_MS)
     gated = feed(floor, [(-30.0, 0.95)] * 100)  # other people talking, 3.2 s
     assert floor.fooled and abs((floor.floor_db or 0) + 30.0) < 0.5
     assert all(g == 0.0 for g in gated[40:])
@@ -37,14 +37,14 @@ def test_a_background_that_sounds_like_speech_is_not_the_caller() -> None:
 
 
 def test_steady_noise_the_vad_ignores_is_left_to_it() -> None:
-    floor = NoiseFloor(NoiseFloorConfig(smooth_ms=0), WINDOW_MS)
+    floor = NoiseFloor(NoiseFloorConfig(enabled=True, smooth_ms=0), WINDOW_MS)
     feed(floor, [(-30.0, 0.02)] * 100)  # a fan: loud, but not speech to the VAD
     assert not floor.fooled
     assert floor.gate(0.9, window(-29.0), talking=False) == 0.9
 
 
 def test_a_quiet_line_a_first_second_and_the_setting_off_are_left_to_the_vad() -> None:
-    floor = NoiseFloor(NoiseFloorConfig(smooth_ms=0), WINDOW_MS)
+    floor = NoiseFloor(NoiseFloorConfig(enabled=True, smooth_ms=0), WINDOW_MS)
     assert feed(floor, [(-30.0, 0.95)] * 30) == [0.95] * 30  # the line's first second: a caller may speak at once
     assert floor.gate(0.95, np.zeros(N, dtype=np.float32), talking=False) == 0.95  # below quiet_dbfs
     off = NoiseFloor(NoiseFloorConfig(enabled=False, smooth_ms=0), WINDOW_MS)
@@ -54,7 +54,7 @@ def test_a_quiet_line_a_first_second_and_the_setting_off_are_left_to_the_vad() -
 def test_the_callers_own_long_turn_never_becomes_the_floor() -> None:
     """Windows heard while the caller talks are not counted (after the first second): twenty seconds of
     their speech leave the floor at the quiet room's level, and none of it is gated."""
-    floor = NoiseFloor(NoiseFloorConfig(smooth_ms=0), WINDOW_MS)
+    floor = NoiseFloor(NoiseFloorConfig(enabled=True, smooth_ms=0), WINDOW_MS)
     feed(floor, [(-60.0, 0.01)] * 60)
     speech = [(-25.0 + 4 * np.sin(i / 3), 0.97) for i in range(625)]
     assert all(g > 0 for g in feed(floor, speech, talking=True))
