@@ -612,18 +612,12 @@ async def test_a_preemptive_reply_is_dropped_when_the_caller_goes_on_and_counted
     assert [m.content for m in session.history if m.role == "user"] == ["Book a table for two at eight."]
 
 
-async def test_a_backchannel_whose_turn_ends_late_is_let_go_at_its_pause() -> None:
-    """With an end-of-turn model a "yeah" can wait a second for its turn to end, longer than the bot's
-    audio is held for; its transcript at the pause already shows it is a backchannel."""
-    llm = FakeLLM([STORY])
-    session, out = make_session(llm, ["Tell me a story.", "yeah"])
-    session = remade(session, config=replace(
-        session.config,
-        endpointing=EndpointingConfig(min_speech_ms=64, end_silence_ms=1600, early_final_ms=192, prefix_padding_ms=100),
-        session=whole(output_lead_ms=0, output_chunk_ms=20, barge_in_max_hold_ms=900)))
+async def yeah_over_the_story(session: Session, out: RecordingOutbound, llm: FakeLLM, silence_frames: int) -> None:
+    """The caller asks for a story, the first turn ends after `silence_frames` 20 ms frames of silence (in
+    real time), and a "yeah" (0.3 s) comes over the reply: the reply goes on to its end, and "yeah" gets no reply."""
     task = asyncio.create_task(session.run())
     await speak(session, 0.5, True)
-    for _ in range(90):  # the first turn ends after 1.6 s of silence, in real time
+    for _ in range(silence_frames):
         await speak(session, 0.02, False)
         await asyncio.sleep(0.02)
     await out.wait(lambda: sum(len(a) for a in out.audio) >= 2 * 8000 * 0.3)
@@ -634,10 +628,22 @@ async def test_a_backchannel_whose_turn_ends_late_is_let_go_at_its_pause() -> No
     await out.wait(lambda: done_events(out), timeout=15)
     done = done_events(out)[0]
     assert done.status == "completed" and done.text == STORY, done
-    assert any(isinstance(e, SpeechStarted) and e.turn_id == 2 for e in out.events)
     assert len(llm.requests) == 1  # "yeah" got no reply of its own
     await session.audio_in.put(None)
     await task
+
+
+async def test_a_backchannel_whose_turn_ends_late_is_let_go_at_its_pause() -> None:
+    """With an end-of-turn model a "yeah" can wait a second for its turn to end, longer than the bot's
+    audio is held for; its transcript at the pause already shows it is a backchannel."""
+    llm = FakeLLM([STORY])
+    session, out = make_session(llm, ["Tell me a story.", "yeah"])
+    session = remade(session, config=replace(
+        session.config,
+        endpointing=EndpointingConfig(min_speech_ms=64, end_silence_ms=1600, early_final_ms=192, prefix_padding_ms=100),
+        session=whole(output_lead_ms=0, output_chunk_ms=20, barge_in_max_hold_ms=900)))
+    await yeah_over_the_story(session, out, llm, 90)  # the first turn ends after 1.6 s of silence
+    assert any(isinstance(e, SpeechStarted) and e.turn_id == 2 for e in out.events)
 
 
 class SlowRecognizer(FakeRecognizer):
@@ -667,22 +673,7 @@ async def test_a_backchannel_recognized_late_still_lets_the_reply_go_on() -> Non
         session.config,
         endpointing=EndpointingConfig(min_speech_ms=64, end_silence_ms=3000, early_final_ms=192, prefix_padding_ms=100),
         session=whole(output_lead_ms=0, output_chunk_ms=20, barge_in_max_hold_ms=600)))
-    task = asyncio.create_task(session.run())
-    await speak(session, 0.5, True)
-    for _ in range(160):  # the first turn ends after 3 s of silence, in real time
-        await speak(session, 0.02, False)
-        await asyncio.sleep(0.02)
-    await out.wait(lambda: sum(len(a) for a in out.audio) >= 2 * 8000 * 0.3)
-    await speak(session, 0.3, True)  # "yeah"
-    for _ in range(100):
-        await speak(session, 0.02, False)
-        await asyncio.sleep(0.02)
-    await out.wait(lambda: done_events(out), timeout=15)
-    done = done_events(out)[0]
-    assert done.status == "completed" and done.text == STORY, done
-    assert len(llm.requests) == 1  # "yeah" got no reply of its own
-    await session.audio_in.put(None)
-    await task
+    await yeah_over_the_story(session, out, llm, 160)  # the first turn ends after 3 s of silence
 
 
 class MisreadingRecognizer(FakeRecognizer):
