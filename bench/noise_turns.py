@@ -12,6 +12,8 @@ setting:
 - early start: a turn began in the noise after that and before the question;
 - cut: the turn ended while the caller was still talking; end clipped: the silence that ended it began more than
   CLIPPED_MS before the question's last sound (its last syllable was taken for silence);
+- caller at once: the same questions with no lead, the caller talking as the line opens (clean, and each noise at
+  10 dB): the line's first sound is the caller, not their background;
 - noise only: `NOISE_ONLY_S` of each noise alone at the level of the 10 dB case: turns begun per minute, and the
   share of the time the endpointer was in a turn (while the bot talks, the time its audio would be paused).
 Each voice also says one long turn, its questions one after another `LONG_GAP_MS` apart (12-20 s of talk: a
@@ -44,8 +46,7 @@ from bench.voices import RATE, Renderer, Voice, families, human_utterances
 from models import cpu
 from models.speech.vad_silero import WINDOW, SileroVad
 from pipeline.config import EndpointingConfig, NoiseFloorConfig
-from pipeline.endpointing import Endpointer
-from pipeline.noise_floor import NoiseFloor
+from pipeline.endpointing import replay
 
 LEAD_S = 3.0
 TAIL_S = 8.0
@@ -83,17 +84,17 @@ class Setting:
 
 def run_audio(audio: np.ndarray, vad: SileroVad, config: EndpointingConfig) -> list[tuple[str, float]]:
     """The endpointer's decisions on `audio` (16 kHz float32): (kind, ms into the audio)."""
-    stream = vad.new_stream()
-    probs = stream.probabilities(audio)
-    endpointer = Endpointer(config, WINDOW_MS)
-    floor = NoiseFloor(config.noise_floor, WINDOW_MS)
-    decisions = []
-    for i, prob in enumerate(probs):
-        talking = endpointer.in_speech and not endpointer.in_pause()
-        decision = endpointer.feed(floor.gate(prob, audio[i * WINDOW:(i + 1) * WINDOW], talking))
-        if decision is not None:
-            decisions.append((decision.kind, decision.audio_ms))
-    return decisions
+    probs = vad.new_stream().probabilities(audio)
+    return [(d.kind, d.audio_ms) for d in replay(probs, audio, config, WINDOW, WINDOW_MS)]
+
+
+def variants(families: tuple[str, ...]) -> list[tuple[str, float | None, float]]:
+    """(noise family, SNR or None for clean, lead in seconds) of each case: after LEAD_S of the line, at every SNR;
+    and the caller speaking at once, as the line opens (no lead: clean, and each noise at 10 dB), where the start of
+    the line is the caller and not their background."""
+    cases: list[tuple[str, float | None, float]] = [("clean", None, LEAD_S)]
+    cases += [(family, snr, LEAD_S) for family in families for snr in SNRS]
+    return cases + [("clean", None, 0.0)] + [(family, 10.0, 0.0) for family in families]
 
 
 def one_case(decisions: list[tuple[str, float]], start_ms: float, end_ms: float, config: EndpointingConfig
@@ -149,8 +150,9 @@ def main() -> None:
     settings = [Setting("floor off", NoiseFloorConfig(enabled=False))]
     for pair in args.margins.split(","):
         start, stop, *rest = (float(m) for m in pair.split("/"))
-        more = dict(zip(("window_s", "percentile"), rest, strict=False))
-        settings.append(Setting(f"floor {pair}", NoiseFloorConfig(start_margin_db=start, stop_margin_db=stop, **more)))
+        more = dict(zip(("window_s", "percentile", "first_turn_s"), rest, strict=False))
+        floor = NoiseFloorConfig(enabled=True, start_margin_db=start, stop_margin_db=stop, **more)
+        settings.append(Setting(f"floor {pair}", floor))
     cases = questions(args.split, renderer)
     print(f"{len(cases)} questions in {len({v for v, _, _ in cases})} voices; noise: "
           f"{', '.join(TUNE if args.split == 'tune' else HELD)}")
@@ -162,16 +164,16 @@ def main() -> None:
         for n, (voice, text, clean) in enumerate(cases):
             loud = np.flatnonzero(np.abs(clean) > AUDIBLE)
             first, last = (loud[0], loud[-1] + 1) if len(loud) else (0, len(clean))
-            at = int(LEAD_S * RATE)
-            length = at + len(clean) + int(TAIL_S * RATE)
-            start_ms, end_ms = 1000 * float(at + first) / RATE, 1000 * float(at + last) / RATE
-            for family in ("clean", *fams):
-                for snr in ((None,) if family == "clean" else SNRS):
-                    base = np.zeros(length) if snr is None else noise(family, length / RATE, n, renderer)
-                    audio = mix(clean.astype(np.float64), base, snr if snr is not None else 0.0, at)
-                    row = one_case(run_audio(audio, vad, config), start_ms, end_ms, config)
-                    rows.append({"setting": setting.name, "family": family, "snr": snr, "voice": voice,
-                                 "text": text, **row})
+            for family, snr, lead_s in variants(fams):
+                at = int(lead_s * RATE)
+                length = at + len(clean) + int(TAIL_S * RATE)
+                start_ms, end_ms = 1000 * float(at + first) / RATE, 1000 * float(at + last) / RATE
+                base = np.zeros(length) if snr is None else noise(family, length / RATE, n, renderer)
+                audio = mix(clean.astype(np.float64), base, snr if snr is not None else 0.0, at)
+                row = one_case(run_audio(audio, vad, config), start_ms, end_ms, config)
+                label = family if lead_s else f"{family}, caller at once"
+                rows.append({"setting": setting.name, "family": label, "snr": snr, "voice": voice,
+                             "text": text, **row})
         for family in fams:
             level = 10 ** (-10 / 20) * 0.1  # the 10 dB case's noise under a caller whose active RMS is 0.1
             audio = (noise(family, NOISE_ONLY_S, 1000, renderer) * level).astype(np.float32)

@@ -48,8 +48,7 @@ class SoundAlone(BaseModel):
 class NoiseFloorConfig(BaseModel):
     """pipeline/noise_floor.py: where the line's background fools the VAD (other people talking), a window not
     louder than the background is silence, whatever the VAD says; the caller is the voice near the microphone."""
-    enabled: bool = Field(False, description="gate the VAD on the noise floor (off: the VAD alone decides). Off by "
-                          "default until three end-to-end tests that failed with it on are understood (issue 36 note)")
+    enabled: bool = Field(True, description="gate the VAD on the noise floor (off: the VAD alone decides)")
     start_margin_db: float = Field(6.0, ge=0, le=40, description="outside a turn or in a pause, a window must be "
                                    "this far above the floor to count as speech")
     stop_margin_db: float = Field(3.0, ge=0, le=40, description="while the caller talks, a window this close to "
@@ -60,10 +59,13 @@ class NoiseFloorConfig(BaseModel):
         "noise, which Silero already ignores, is left to it")
     window_s: float = Field(6.0, gt=0, le=60, description="the floor is a low percentile of the levels of this much "
                             "of the line heard while the caller was not talking")
-    first_s: float = Field(1.0, ge=0, le=60, description="the gate acts only after the line's first seconds, which "
-                           "count toward the floor even while the caller talks (a caller who speaks at once is not "
-                           "taken for the background, and a call that opens on other people talking does not keep "
-                           "its first turn going until endpointing.max_turn_s)")
+    first_s: float = Field(1.0, ge=0, le=60, description="the gate acts once this much of the line was heard outside "
+                           "the caller's turns (a caller who talks as the line opens is never their own floor)")
+    first_turn_s: float = Field(
+        4.0, gt=0, le=60, description="where this much of the line was heard as the caller talking before first_s of "
+        "it was heard outside their turns, the talk is taken for the line's background (other people talking) and "
+        "learned from: a call that opens in a café does not keep its first turn going until endpointing.max_turn_s. "
+        "A caller who talks this long without a pause as the line opens may be cut off (bench/noise_turns.py)")
     percentile: float = Field(20.0, ge=0, le=50, description="which percentile of those levels is the floor")
     smooth_ms: int = Field(96, ge=0, le=1000, description="the level is smoothed over this long (0: not smoothed)")
     quiet_dbfs: float = Field(-70.0, le=0, description="a window quieter than this is left to the VAD (a quiet "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,6 +124,27 @@ class Endpointer:
         return Decision("stop", end_ms, forced)
 
 
+def feed_gated(endpointer: Endpointer, floor: NoiseFloor, probability: float, window: np.ndarray) -> Decision | None:
+    """One VAD window into the endpointer, gated on the line's noise floor: the margin it asks for depends on whether
+    the caller is talking (in a turn and not in a pause)."""
+    talking = endpointer.in_speech and not endpointer.in_pause()
+    return endpointer.feed(floor.gate(probability, window, talking))
+
+
+def replay(probabilities: Sequence[float], audio: np.ndarray, config: EndpointingConfig, window_samples: int,
+           window_ms: float) -> list[Decision]:
+    """The endpointer's decisions (at its fixed silence, no end-of-turn model) over a whole recording and its VAD
+    probabilities, one per window: the offline replay of what `vad_stage` decides live."""
+    endpointer = Endpointer(config, window_ms)
+    floor = NoiseFloor(config.noise_floor, window_ms)
+    decisions = []
+    for i, probability in enumerate(probabilities):
+        decision = feed_gated(endpointer, floor, probability, audio[i * window_samples:(i + 1) * window_samples])
+        if decision is not None:
+            decisions.append(decision)
+    return decisions
+
+
 async def vad_stage(
     frames: AsyncIterator[AudioFrame],
     vad: VadStream,
@@ -172,8 +193,7 @@ async def vad_stage(
             for prob in probs:
                 window, pending = pending[:window_samples], pending[window_samples:]
                 consumed += window_samples
-                talking = endpointer.in_speech and not endpointer.in_pause()
-                decision = endpointer.feed(floor.gate(prob, window, talking))
+                decision = feed_gated(endpointer, floor, prob, window)
                 answer: float | None = None
                 if decision is None and judge is not None and judged and endpointer.in_pause():
                     evidence = judge.evidence()

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.config import EndpointingConfig, NoiseFloorConfig
-from pipeline.endpointing import Endpointer
+from pipeline.endpointing import replay
 from pipeline.noise_floor import NoiseFloor
 from tests.speech import speech_samples
 
@@ -61,6 +61,27 @@ def test_the_callers_own_long_turn_never_becomes_the_floor() -> None:
     assert not floor.fooled and (floor.floor_db or 0) < -55
 
 
+def test_a_caller_who_speaks_as_the_line_opens_is_not_their_own_floor() -> None:
+    """The line's first second is the caller talking: none of it is learned (it would put the floor at their own
+    voice, and their quieter words after it would be taken for silence)."""
+    floor = NoiseFloor(NoiseFloorConfig(enabled=True, smooth_ms=0), WINDOW_MS)
+    feed(floor, [(-60.0, 0.01)] * 3)  # the line opens
+    speech = [(-25.0 + 4 * np.sin(i / 3), 0.97) for i in range(60)]
+    assert all(g > 0 for g in feed(floor, speech, talking=True))
+    assert floor.gate(0.9, window(-29.0), talking=True) == 0.9  # a quieter word, after the first second
+    assert floor.floor_db is None  # no floor yet: too little of the line was heard outside the turn
+
+
+def test_a_line_that_opens_on_other_people_talking_learns_them_after_first_turn_s() -> None:
+    """Other people talking from the line's first window start a turn at once; after first_turn_s of it with no
+    pause, the talk is taken for the background, and a turn of it ends."""
+    floor = NoiseFloor(NoiseFloorConfig(enabled=True, smooth_ms=0, first_turn_s=4.0), WINDOW_MS)
+    feed(floor, [(-30.0, 0.95)] * 5)  # before the VAD's turn begins
+    talk = feed(floor, [(-30.0, 0.95)] * 130, talking=True)
+    assert all(g == 0.95 for g in talk[:120]) and talk[-1] == 0.0  # 4 s: 125 windows
+    assert floor.fooled and abs((floor.floor_db or 0) + 30.0) < 0.5
+
+
 def test_a_question_over_other_voices_ends_where_the_caller_stops(tmp_path: Path) -> None:
     """The real Silero VAD hears four espeak-ng voices talking 10 dB below the caller as speech throughout:
     without the gate the turn does not end before the babble does; with it, it ends within a second of the
@@ -88,16 +109,29 @@ def test_a_question_over_other_voices_ends_where_the_caller_stops(tmp_path: Path
 
     def turn_ends(enabled: bool) -> list[float]:
         config = EndpointingConfig(noise_floor=NoiseFloorConfig(enabled=enabled))
-        endpointer, floor = Endpointer(config, WINDOW_MS), NoiseFloor(config.noise_floor, WINDOW_MS)
         samples = audio.astype(np.float32)
-        ends = []
-        for i, p in enumerate(vad.new_stream().probabilities(samples)):
-            talking = endpointer.in_speech and not endpointer.in_pause()
-            decision = endpointer.feed(floor.gate(p, samples[i * N:(i + 1) * N], talking))
-            if decision is not None and decision.kind == "stop":
-                ends.append(decision.audio_ms)
-        return ends
+        decisions = replay(vad.new_stream().probabilities(samples), samples, config, N, WINDOW_MS)
+        return [d.audio_ms for d in decisions if d.kind == "stop"]
 
     assert not [end for end in turn_ends(False) if end > at * 1000 / rate]  # the babble never stops
     after = [end for end in turn_ends(True) if end > true_end_ms - 300]
     assert after and after[0] < true_end_ms + 1000, (after, true_end_ms)
+
+
+def test_a_question_asked_as_the_line_opens_is_heard_to_its_end(tmp_path: Path) -> None:
+    """On a clean line, a caller who talks at once is one turn, ending where they stop, with the gate on as off
+    (the real Silero VAD; three end-to-end calls once lost their last words here)."""
+    from models.speech.vad_silero import SileroVad
+
+    rate = 16000
+    vad = SileroVad()
+    for question in ["How many days are there in a week?", "How many people are in a football team?"]:
+        speech = speech_samples(question, tmp_path, rate).astype(np.float32) / 32768
+        audio = np.concatenate([speech, np.zeros(rate * 2, dtype=np.float32)])
+        loud = np.flatnonzero(np.abs(speech) > 0.01)
+        probabilities = vad.new_stream().probabilities(audio)
+        for enabled in (False, True):
+            config = EndpointingConfig(noise_floor=NoiseFloorConfig(enabled=enabled))
+            decisions = replay(probabilities, audio, config, N, WINDOW_MS)
+            assert [d.kind for d in decisions] == ["start", "pause", "stop"], (question, enabled, decisions)
+            assert decisions[-1].audio_ms > 1000 * loud[-1] / rate - 100, (question, enabled, decisions)
