@@ -1,7 +1,7 @@
 """Benchmark: Whisper's encoder window (asr.window_s) and phone audio, word error rate and time.
 
 Every request of bench/turn_detection.py's labelled set, spoken whole by each of its voices (hibari's
-neural voice in six renderings, the headline; espeak-ng en-us / en-gb, robotic, reported apart),
+neural voice in six renderings, the headline; two espeak-ng voices, robotic, reported apart),
 transcribed by the service's own recognizer (models/speech/asr_faster_whisper.py, whisper-tiny.en int8,
 beam 5) once per window in --windows and per input:
 - 16 kHz: the clip as a browser sends it;
@@ -28,10 +28,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.turn_detection import RATE, REQUESTS, VOICES, Speaker, speech_span
+from bench.turn_set import REQUESTS, speech_span
+from bench.voices import RATE, Renderer, Voice, families
 from models import cpu
 from models.config import AsrConfig
-from models.packs.cache import cache_root
 from models.speech.asr_faster_whisper import FasterWhisperRecognizer
 from pipeline.audio import float_to_mulaw, mulaw_to_float, resample
 
@@ -67,10 +67,13 @@ def main() -> None:
     windows = [int(w) for w in args.windows.split(",")]
     print(f"CPU: {cpu.describe()}")
     recognizers = {w: FasterWhisperRecognizer(AsrConfig(window_s=w)) for w in windows}
-    speaker = Speaker(cache_root() / "bench-audio" / "turn_detection", cpu.cores())
+    found = families()
+    voices: list[Voice] = found.get("hibari", [])[:6] + found.get("espeak", [])[:2]
+    speaker = Renderer(threads=cpu.cores())
     lead, tail = np.zeros(int(0.3 * RATE), np.float32), np.zeros(int(0.2 * RATE), np.float32)
     rows: list[dict[str, object]] = []
-    for voice in VOICES:
+    for voice in voices:
+        group = "neural" if voice.family == "hibari" else "robotic"
         for text in REQUESTS[:args.limit]:
             whole = speaker.say(voice, text)
             a, b = speech_span(whole)
@@ -81,10 +84,10 @@ def main() -> None:
                     heard = recognizer.transcribe(audio)
                     ms = 1000 * (time.perf_counter() - started)
                     errors, count = word_errors(text, heard)
-                    rows.append({"voice": voice.name, "group": voice.group, "input": name, "window_s": window,
+                    rows.append({"voice": voice.name, "group": group, "input": name, "window_s": window,
                                  "text": text, "heard": heard, "errors": errors, "words": count, "ms": round(ms, 1)})
     summary: dict[str, dict[str, float]] = {}
-    print(f"\n{len(REQUESTS[:args.limit])} requests x {len(VOICES)} voices; whisper-tiny.en int8, beam 5")
+    print(f"\n{len(REQUESTS[:args.limit])} requests x {len(voices)} voices; whisper-tiny.en int8, beam 5")
     print(f"{'voices':9} {'input':13} {'window':>6} {'WER':>7} {'median ms':>10} {'p95 ms':>7}")
     for group in ("neural", "robotic"):
         for name in INPUTS:
