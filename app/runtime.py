@@ -26,6 +26,7 @@ from core.clock import Clock
 from core.errors import VoiceAgentError, error_code
 from models import registry
 from models.protocols import TurnDetector
+from pipeline import echo
 from pipeline.events import ResponseDone
 from pipeline.session import Backends, PipelineConfig
 from pipeline.tools import HttpTool, ToolBox, load_tools_file
@@ -274,6 +275,8 @@ def load_backends(settings: Settings, clock: Clock, say: object = print,
     """Blocking: load the four engines and warm each one up so the first caller does not wait. The LLM's
     warm-up pins the prompt of the server's tools (`server_tools`, as read from tools.file)."""
     report = say if callable(say) else print
+    if settings.session.echo.enabled:
+        echo.EchoCanceller()  # libspeexdsp is here and works: a missing library stops the start, saying what to do
     report("loading VAD")
     vad = registry.load_vad(settings.vad)
     report(f"loading ASR ({settings.asr.engine}, {settings.asr.model})")

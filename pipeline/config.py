@@ -227,6 +227,30 @@ class AgentConfig(BaseModel):
                                  "start-up error")
 
 
+class EchoConfig(BaseModel):
+    """pipeline/echo.py: the bot's reply, heard again by the caller's microphone (a speakerphone), is cancelled from
+    the caller's audio before the VAD and the recognizer, against what the server knows it played and when."""
+    enabled: bool = Field(True, description="cancel the bot's echo from the caller's audio once it is found there "
+                          "(needs libspeexdsp); a line without echo passes untouched")
+    tail_ms: int = Field(250, ge=20, le=2000, description="the adaptive filter's span from the echo's delay (found "
+                         "by cross-correlation): the room's reverberation, and the delay's jitter")
+    max_delay_ms: int = Field(1000, ge=20, le=4000, description="the longest echo delay searched for, from the "
+                              "server's playhead: the network both ways, the client's playback buffer, the room")
+    margin_ms: int = Field(40, ge=0, le=500, description="the filter starts this long before the delay found (a "
+                           "delay found later within half the filter's span leaves it where it is)")
+    gate_margin_db: float = Field(
+        10.0, ge=0, le=40, description="on a line with echo, a frame of the caller's audio not this much louder than "
+        "the echo of what was just played would be (at the line's measured echo return) is held down (-40 dB) "
+        "before the VAD: what the adaptive filter has not yet learned in a call's first seconds. A caller this much "
+        "quieter than the bot's echo is not heard over it; 0: no gate")
+    suppress_db: int = Field(-40, ge=-90, le=0, description="residual echo suppression while only the bot talks")
+    suppress_active_db: int = Field(-15, ge=-90, le=0, description="residual echo suppression while the caller "
+                                    "talks over the bot")
+    own_words: bool = Field(True, description="words recognized over the bot that are mostly its own reply's "
+                            "(an echo not yet cancelled: the filter learns the room in the first seconds) are not an "
+                            "interruption; also with enabled false")
+
+
 class SessionConfig(BaseModel):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     tools_prompt: str = Field(DEFAULT_TOOLS_PROMPT, description="the system prompt of a call that has tools at its "
@@ -238,6 +262,7 @@ class SessionConfig(BaseModel):
         "LLM's cache of it) stays the same for that many messages; 1 slides the window every turn")
     output_chunk_ms: int = Field(40, ge=10, le=500, description="reply audio per binary frame")
     output_lead_ms: int = Field(300, ge=0, description="how far reply audio may run ahead of real time")
+    echo: EchoConfig = Field(default_factory=lambda: EchoConfig(), description="echo cancellation (pipeline/echo.py)")
     tts_trim: TrimConfig = Field(
         default_factory=lambda: TrimConfig(), description="the synthesizer's silence before and after each phrase "
         "is cut: the reply starts with sound, and phrases are apart by a pause chosen from their last mark")

@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 mode=${1:-serve}
-packages=(espeak-ng sox cmake ninja-build build-essential)
+packages=(espeak-ng sox libspeexdsp1 cmake ninja-build build-essential)
 if [ "$mode" = "--test" ]; then
   packages+=(chromium chromium-driver prometheus flite redis-server postgresql haproxy docker.io mmdebstrap)
 fi

@@ -19,10 +19,28 @@ from core.private import log_private, words
 from pipeline.session.parts import PipelineConfig, Reply
 
 log = logging.getLogger(__name__)
+OWN_SHARE = 0.75  # this share of the words heard over the bot among its own reply's: its echo
 
 
 def _plain_words(text: str) -> str:
     return "".join(ch for ch in text.lower() if ch.isalnum() or ch == " ")
+
+
+def _in_order(heard: list[str], said: list[str]) -> int:
+    """The most of the words `heard` found in their order in any stretch of `said` two words longer than them (an
+    echo is a stretch of the bot's words, the recognizer missing or mishearing some; the same words scattered
+    over a long reply are not)."""
+    span = len(heard) + 2
+    best = 0
+    for start in range(max(1, len(said) - span + 1)):
+        window = said[start:start + span]
+        row = [0] * (len(window) + 1)  # the longest common subsequence, row by row
+        for word in heard:
+            diagonal = 0
+            for j, other in enumerate(window, 1):
+                diagonal, row[j] = row[j], diagonal + 1 if word == other else max(row[j], row[j - 1])
+        best = max(best, row[-1])
+    return best
 
 
 @functools.cache
@@ -57,6 +75,25 @@ class BargeIn:
         phrases, singles = _backchannel_forms(tuple(self.config.session.backchannels))
         said = _plain_words(text.replace("-", ""))
         return not said.split() or said.replace(" ", "") in phrases or all(w in singles for w in said.split())
+
+    def is_own_echo(self, text: str, said: str) -> bool:
+        """Most of the words recognized over the bot are a stretch of its reply (`said`), in their order: the
+        caller's microphone heard the bot (a speakerphone, an echo the canceller has not yet learned), not the
+        caller. Off with session.echo.own_words false."""
+        if not self.config.session.echo.own_words:
+            return False
+        heard = _plain_words(text.replace("-", " ")).split()
+        return bool(heard) and _in_order(heard, _plain_words(said.replace("-", " ")).split()) >= OWN_SHARE * len(heard)
+
+    def lets_go(self, text: str, said: str) -> bool:
+        """What the caller made over the bot does not interrupt it: a backchannel, or the bot's own echo."""
+        if self.is_backchannel(text):
+            return True
+        if self.is_own_echo(text, said):
+            log_private(log, logging.INFO, "%r over the bot is its own reply's words: its echo, not an "
+                        "interruption", words(text))
+            return True
+        return False
 
     def hold(self, turn_id: int) -> None:
         """The caller makes a sound while the bot talks: pause the reply's audio until its words

@@ -73,6 +73,21 @@ class AudioTap(Protocol):
         ...
 
 
+class Taps:
+    """Several taps as one: each is written in turn (a call's recording, the echo canceller's track)."""
+
+    def __init__(self, *taps: AudioTap) -> None:
+        self.taps = taps
+
+    def bot(self, samples: Audio, rate: int, at: float) -> None:
+        for tap in self.taps:
+            tap.bot(samples, rate, at)
+
+    def bot_stopped(self, at: float) -> None:
+        for tap in self.taps:
+            tap.bot_stopped(at)
+
+
 class Outbound(Protocol):
     """The transport's side: each call returns once the message is written to the caller."""
 

@@ -26,6 +26,7 @@ from core.private import words as private_words
 from models.llm.tool_calls import ToolCall, Tools
 from models.protocols import ChatMessage, Conversation
 from pipeline.asr_stage import asr_stage
+from pipeline.echo import PlayedTrack, cancel_echo
 from pipeline.endpointing import vad_stage
 from pipeline.events import (
     InputEvent,
@@ -41,7 +42,7 @@ from pipeline.events import (
 from pipeline.session.barge_in import BargeIn
 from pipeline.session.history import History
 from pipeline.session.keypad import Keypad, dtmf_text
-from pipeline.session.parts import AudioTap, Backends, Inbound, Outbound, PipelineConfig, Reply
+from pipeline.session.parts import AudioTap, Backends, Inbound, Outbound, PipelineConfig, Reply, Taps
 from pipeline.session.playout import Player
 from pipeline.session.replies import Replies
 from pipeline.session.tool_calls import ToolCalls
@@ -53,6 +54,8 @@ from pipeline.turn_policy import TurnPolicy, bare_words
 from pipeline.turns import Turn
 
 log = logging.getLogger(__name__)
+ECHO_HEARD_S = 3.0  # the words of a reply that ended this long ago may still come back as its echo
+ECHO_ROOM_S = 0.5  # the room's reverberation and the recognizer's start, after the echo's delay
 
 
 class Session:
@@ -95,6 +98,10 @@ class Session:
         self.kept = History(system_prompt or default, config.session)
         self.barge = BargeIn(config, clock, lambda: self._interrupt("sustained speech"))
         self.keypad = Keypad(config.session, clock, self._keys_turn)
+        # what the caller's loudspeaker plays, for the echo canceller (None: echo cancellation is off)
+        self.played = PlayedTrack() if config.session.echo.enabled else None
+        if self.played is not None:
+            tap = self.played if tap is None else Taps(tap, self.played)
         player = Player(config.session, clock, output_rate, outbound, self.conversation, self.barge.audio_open, tap)
         self.replies = Replies(backends, config, clock, outbound, output_rate, self.conversation, self.kept,
                                self.book, self.barge, player, self, toolbox)
@@ -111,6 +118,10 @@ class Session:
         self.judge: TurnJudge | None = None  # made by run(), with the settings the call runs with
         self.words_task: asyncio.Task[None] | None = None  # weighing the words said up to a pause
         self._waiting: set[asyncio.Task[Any]] = set()  # turns answered once the reply they came over ends
+        # for telling the bot's echo from the caller: the last reply's words and when it ended, the latest turn's
+        # id and when it began
+        self._said_last: tuple[str, float] = ("", 0.0)
+        self._began: tuple[int, float] = (0, 0.0)
 
     # -- how a transport configures the call ----------------------------------------------------------
     def configure(self, *, speaks: bool | None = None,
@@ -156,7 +167,10 @@ class Session:
         words = self.config.endpointing.text_signal and b.llm.weighs_words
         self.judge = TurnJudge(TurnPolicy(self.config.endpointing, words), b.turn, b.turn_worker, words)
         vad_stream = b.vad.new_stream()
-        speech = vad_stage(self.audio_in.frames(), vad_stream, b.vad_worker, self.config.endpointing, self.clock,
+        frames = self.audio_in.frames()
+        if self.played is not None:
+            frames = cancel_echo(frames, self.played, self.config.session.echo)
+        speech = vad_stage(frames, vad_stream, b.vad_worker, self.config.endpointing, self.clock,
                            b.vad.sample_rate, b.vad.window_samples, self.judge, self.book.ids)
         events = asr_stage(speech, self.backends.asr, self.backends.asr_worker, self.config.asr, self.clock,
                            self.replies.talking)
@@ -190,6 +204,7 @@ class Session:
     async def _on_input(self, event: InputEvent) -> None:
         if isinstance(event, SpeechStarted):
             self.book.started(event.turn_id)
+            self._began = (event.turn_id, event.at)
             await self.outbound.send_event(event)
             reply = self.replies.current
             if reply is not None and reply.preemptive and not reply.confirmed.is_set():
@@ -225,13 +240,13 @@ class Session:
             if self.barge.pending == event.turn_id:
                 # the caller spoke over the bot and paused: what they said so far decides at once
                 # (the end of their turn can be a second away when it does not sound finished)
-                if self.barge.is_backchannel(event.text):
+                if self.barge.lets_go(event.text, self._said()):
                     self.barge.let_go_of(event.turn_id, event.text)
                     self.barge.let_go.add(event.turn_id)  # until its final transcript, or until it goes on
                     return
                 await self._interrupt("a word")  # then, as at any pause, the words so far are weighed
             if (self.replies.current is None and self.barge.pending is None and event.turn_id == self.book.last_started
-                    and event.text.strip()):
+                    and event.text.strip() and not self._echo_of_last_reply(event.turn_id, event.text)):
                 if self.words_task is not None:
                     self.words_task.cancel()  # an earlier pause's, still weighing
                 words = " ".join([*self.held, event.text.strip()]).strip()
@@ -239,7 +254,7 @@ class Session:
             return
         if isinstance(event, TranscriptFinal) and event.turn_id in self.barge.let_go:
             self.barge.let_go.discard(event.turn_id)
-            if self.barge.is_backchannel(event.text):  # the backchannel let go at its pause, as it ended
+            if self.barge.lets_go(event.text, self._said()):  # the backchannel let go at its pause, as it ended
                 await self.outbound.send_event(event)
                 self.book.close(event.turn_id)
                 return
@@ -248,7 +263,7 @@ class Session:
         # another (whisper-tiny.en heard "Okay." cut at 300 ms as "Thank you."). The caller's first
         # pause (whole words, TranscriptEarly), the end of the speech, or its length decides.
         if isinstance(event, TranscriptFinal) and self.barge.pending == event.turn_id:
-            if self.barge.is_backchannel(event.text):
+            if self.barge.lets_go(event.text, self._said()):
                 self.barge.let_go_of(event.turn_id, event.text)
                 self.book.close(event.turn_id)
                 return
@@ -280,6 +295,11 @@ class Session:
                     self.book.close(event.turn_id)
                     self.on_words(event.turn_id, text)
                     return
+                if self._echo_of_last_reply(event.turn_id, text):
+                    log_private(log, logging.INFO, "turn %d: %r, heard as the last reply ended, is its echo: not "
+                                "answered", event.turn_id, private_words(text))
+                    self.book.close(event.turn_id)
+                    return
                 reply = self.replies.current
                 if not self.speech_interrupts and reply is not None and reply.confirmed.is_set():
                     # the caller spoke over a reply that speech does not interrupt: answered after it
@@ -290,6 +310,29 @@ class Session:
                 await self.replies.start(turn, text)
             else:
                 self.book.close(event.turn_id)
+
+    def _said(self) -> str:
+        """The words of the reply in flight sent to the caller so far, and of the reply before it while its echo
+        may still be heard."""
+        reply = self.replies.current
+        said = reply.ledger.full_text() if reply is not None else ""  # the words made: sent_text cuts in a phrase
+        before, ended = self._said_last
+        if before and self.clock.now() - ended <= ECHO_HEARD_S:
+            said = f"{before} {said}"
+        return said
+
+    def _echo_of_last_reply(self, turn_id: int, text: str) -> bool:
+        """The turn is the echo of the reply that just ended, on a line where echo was found: it began while the
+        reply's end could still be heard again (the output lead, the echo's delay and the room after the reply
+        went out), and its words are mostly the reply's."""
+        if self.played is None or self.played.echo_ms is None or self.replies.current is not None:
+            return False
+        began_id, began = self._began
+        before, ended = self._said_last
+        tail = (self.config.session.output_lead_ms + self.played.echo_ms) / 1000 + ECHO_ROOM_S
+        if began_id != turn_id or not before or began - ended > tail:
+            return False
+        return self.barge.is_own_echo(text, before)
 
     async def _answer_after(self, reply: Reply, turn: Turn, text: str) -> None:
         await reply.ended.wait()
@@ -387,6 +430,7 @@ class Session:
             await self.tool_calls.dispatch(reply, call, generation)
 
     def reply_done(self, reply: Reply, status: str) -> None:
+        self._said_last = (reply.ledger.full_text(), self.clock.now())
         if self.tool_calls is not None:
             self.tool_calls.reply_done(reply, status)
 

@@ -860,3 +860,32 @@ async def test_typed_messages_that_stop_a_reply_follow_its_heard_words_in_the_hi
         ("user", "And another."), ("assistant", "Both answered.")]
     await session.audio_in.put(None)
     await task
+
+
+@pytest.mark.parametrize("echo_found", [True, False])
+async def test_the_echo_of_a_reply_that_just_ended_is_not_answered_on_a_line_with_echo(echo_found: bool) -> None:
+    """A speakerphone: the bot's last words come back as the reply ends, recognized as a turn of their own. Where
+    the canceller found echo on the line they are not answered; on a line without echo the same words are the
+    caller's, and answered."""
+    llm = FakeLLM(["The capital of France is Paris.", "Seven days.", "Seven."])
+    session, out = make_session(llm, ["What is the capital of France?", "The capital of France is Paris.",
+                                      "How many days are in a week?"])
+    assert session.played is not None
+    if echo_found:
+        session.played.echo_ms = 200.0  # as cancel_echo marks a line where it found the bot in the caller's audio
+    task = asyncio.create_task(session.run())
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    await out.wait(lambda: len(done_events(out)) == 1)
+    await speak(session, 0.5, True)  # the echo of its last words, as it ended
+    await speak(session, 0.5, False)
+    await speak(session, 0.5, True)
+    await speak(session, 0.5, False)
+    await out.wait(lambda: len(done_events(out)) == (2 if echo_found else 3))
+    asked = [r[-1].content for r in llm.requests]
+    if echo_found:
+        assert asked == ["What is the capital of France?", "How many days are in a week?"]
+    else:
+        assert asked[1] == "The capital of France is Paris."
+    await session.audio_in.put(None)
+    await task

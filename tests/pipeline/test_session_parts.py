@@ -136,3 +136,21 @@ async def test_a_sound_over_the_bot_holds_its_audio_until_judged_and_sustained_s
     barge.release()
     assert barge.audio_open.is_set() and barge.pending is None
     assert barge.is_backchannel("Mm-hmm.") and barge.is_backchannel("yeah okay") and not barge.is_backchannel("Stop.")
+
+
+def test_words_over_the_bot_that_are_its_own_are_its_echo() -> None:
+    reply = "The capital of France is Paris. It is known for the Eiffel Tower."
+    on = PipelineConfig(EndpointingConfig(), AsrStageConfig(), ChunkerConfig(), SessionConfig(), SamplingParams())
+    barge = BargeIn(on, ManualClock(), lambda: asyncio.sleep(0))
+    assert barge.is_own_echo("The capital of France.", reply) and barge.lets_go("the capital of four", reply)
+    assert barge.is_own_echo("Eiffel-Tower", reply)  # hyphens as spaces
+    assert not barge.is_own_echo("Wait, stop please.", reply) and not barge.lets_go("Wait, stop please.", reply)
+    assert not barge.is_own_echo("What about Paris hotels then?", reply)  # one word in five is the bot's
+    story = ("Octopuses can change colour. Scientists ask why, and something about it is still unknown: else "
+             "they would know. I can tell you more about it if you ask.")
+    assert not barge.is_own_echo("Sorry, wait, can I ask about something else?", story)  # its words, scattered
+    assert barge.is_own_echo("I can tell you more.", story) and barge.is_own_echo("tell you about it", story)
+    assert not barge.is_own_echo("", reply) and not barge.is_own_echo("The capital.", "")
+    off = PipelineConfig(EndpointingConfig(), AsrStageConfig(), ChunkerConfig(),
+                         SessionConfig.model_validate({"echo": {"own_words": False}}), SamplingParams())
+    assert not BargeIn(off, ManualClock(), lambda: asyncio.sleep(0)).is_own_echo("The capital of France.", reply)
