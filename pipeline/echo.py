@@ -276,12 +276,11 @@ class EchoGate:
     audio is attenuated by `floor_db`; louder, it is the caller talking over the bot (double talk), and passes,
     as everything does for `hold_ms` after. Where nothing louder than `quiet_dbfs` was played, nothing is held.
     The echo return is measured where the echo was found: the gate works from then on, before the adaptive
-    filter has converged (seconds of the bot's speech), and rests while the canceller takes `learned_db` or more
-    out of the bot's echo alone. Until then a caller not `margin_db` louder than the bot's echo is not heard over
-    it."""
+    filter has converged (seconds of the bot's speech), and after it (what it leaves, Silero can still call
+    speech). A caller not `margin_db` louder than the bot's echo is not heard over it."""
 
     def __init__(self, erl: float, margin_db: float = 10.0, floor_db: float = -40.0, reach_ms: int = 400,
-                 hold_ms: int = 200, quiet_dbfs: float = -60.0, learned_db: float = 30.0) -> None:
+                 hold_ms: int = 200, quiet_dbfs: float = -60.0) -> None:
         self.erl = erl
         self.margin = 10 ** (margin_db / 10)
         self.floor = np.float32(10 ** (floor_db / 20))
@@ -289,8 +288,6 @@ class EchoGate:
         self.hold = RATE * hold_ms // 1000
         self.quiet = 10 ** (quiet_dbfs / 10)
         self._open_for = 0  # samples the gate stays open
-        self.learned = 10 ** (-learned_db / 10)
-        self._heard = self._left = 1.0  # the bot alone: its echo heard, and left after the canceller (smoothed)
         self.gated = 0  # samples held down so far
 
     def echo_power(self, played: Audio) -> float:
@@ -313,11 +310,6 @@ class EchoGate:
         if self._open_for > 0:
             self._open_for -= len(mic)
             return clean
-        # the bot alone: how much of its echo the canceller takes out by now
-        self._heard = 0.9 * self._heard + 0.1 * power
-        self._left = 0.9 * self._left + 0.1 * (float(np.mean(clean ** 2)) if len(clean) else 0.0)
-        if self._left < self.learned * self._heard:
-            return clean  # it has learned the room: the gate rests
         self.gated += len(clean)
         return clean * self.floor
 

@@ -26,10 +26,26 @@ def _plain_words(text: str) -> str:
     return "".join(ch for ch in text.lower() if ch.isalnum() or ch == " ")
 
 
+NUMBERS = dict(enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+                          "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
+                          "nineteen", "twenty"]))
+
+
+def _spoken(words: list[str]) -> list[str]:
+    """Numbers as said: the recognizer writes "7" where the reply's text said "seven", and the other way."""
+    return [NUMBERS.get(int(w), w) if w.isdigit() else w for w in words]
+
+
+def _same(heard: str, said: str) -> bool:
+    """The same word, or the start of it: an echo cut off (the hold pauses the bot mid-word) is heard as one."""
+    return heard == said or (len(heard) >= 2 and said.startswith(heard))
+
+
 def _in_order(heard: list[str], said: list[str]) -> int:
     """The most of the words `heard` found in their order in any stretch of `said` two words longer than them (an
     echo is a stretch of the bot's words, the recognizer missing or mishearing some; the same words scattered
     over a long reply are not)."""
+    heard, said = _spoken(heard), _spoken(said)
     span = len(heard) + 2
     best = 0
     for start in range(max(1, len(said) - span + 1)):
@@ -38,7 +54,7 @@ def _in_order(heard: list[str], said: list[str]) -> int:
         for word in heard:
             diagonal = 0
             for j, other in enumerate(window, 1):
-                diagonal, row[j] = row[j], diagonal + 1 if word == other else max(row[j], row[j - 1])
+                diagonal, row[j] = row[j], diagonal + 1 if _same(word, other) else max(row[j], row[j - 1])
         best = max(best, row[-1])
     return best
 

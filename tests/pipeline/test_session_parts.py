@@ -150,6 +150,8 @@ def test_words_over_the_bot_that_are_its_own_are_its_echo() -> None:
              "they would know. I can tell you more about it if you ask.")
     assert not barge.is_own_echo("Sorry, wait, can I ask about something else?", story)  # its words, scattered
     assert barge.is_own_echo("I can tell you more.", story) and barge.is_own_echo("tell you about it", story)
+    assert barge.is_own_echo("the cap.", "The capital of")  # cut off mid-word by the hold
+    assert barge.is_own_echo("There are seven", "There are 7 days in a week.")  # a number, written or said
     assert not barge.is_own_echo("", reply) and not barge.is_own_echo("The capital.", "")
     off = PipelineConfig(EndpointingConfig(), AsrStageConfig(), ChunkerConfig(),
                          SessionConfig.model_validate({"echo": {"own_words": False}}), SamplingParams())
