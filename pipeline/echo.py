@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 import numpy as np
 
 from models.protocols import Audio
-from pipeline.audio import StreamResampler
+from pipeline.audio import StreamResampler, float_to_pcm16
 from pipeline.config import EchoConfig
 from pipeline.events import AudioFrame
 
@@ -72,7 +72,7 @@ def available() -> bool:
 
 
 def _pcm16(samples: Audio) -> np.ndarray:
-    return np.ascontiguousarray((np.clip(samples, -1.0, 1.0) * 32767.0).astype(np.int16))
+    return np.frombuffer(float_to_pcm16(samples), dtype="<i2")
 
 
 class EchoCanceller:
@@ -288,7 +288,6 @@ class EchoGate:
         self.hold = RATE * hold_ms // 1000
         self.quiet = 10 ** (quiet_dbfs / 10)
         self._open_for = 0  # samples the gate stays open
-        self.gated = 0  # samples held down so far
 
     def echo_power(self, played: Audio) -> float:
         """The loudest 10 ms of `played` (the reach before the frame's echo, and the frame's), in power."""
@@ -310,7 +309,6 @@ class EchoGate:
         if self._open_for > 0:
             self._open_for -= len(mic)
             return clean
-        self.gated += len(clean)
         return clean * self.floor
 
 
@@ -326,7 +324,7 @@ async def cancel_echo(frames: AsyncIterator[AudioFrame], track: PlayedTrack, con
     gate: EchoGate | None = None
     timeline = MicTimeline()
     estimator = DelayEstimator(config.max_delay_ms)
-    shift: int | None = None  # the played audio is read this many samples before the caller's
+    shift = 0  # the played audio is read this many samples before the caller's (once the canceller is made)
     delay = 0
     margin, span = RATE * config.margin_ms // 1000, RATE * config.tail_ms // 2000
     async for frame in frames:
@@ -342,18 +340,18 @@ async def cancel_echo(frames: AsyncIterator[AudioFrame], track: PlayedTrack, con
             found = estimator.estimate(played)
             if found is not None:
                 track.echo_ms, delay = 1000 * found / RATE, found
-                if shift is None or not shift + margin // 2 <= found <= shift + span:
+                if canceller is None or not shift + margin // 2 <= found <= shift + span:
                     log.info("the bot's echo is in the caller's audio, %.0f ms behind the playhead (found %.1f s "
                              "after the bot first played): cancelling it", track.echo_ms, at / RATE)
                     shift = max(0, found - margin)
                     canceller = EchoCanceller(config.tail_ms, config.suppress_db, config.suppress_active_db)
-                if gate is None:
+                if gate is None and config.gate_margin_db > 0:
                     gate = EchoGate(estimator.echo_return(played, found), config.gate_margin_db)
-        if canceller is None or shift is None:
+        if canceller is None:
             yield frame
             continue
         clean = canceller.process(frame.samples, track.read(at - shift, n))
-        if gate is not None and config.gate_margin_db > 0:
+        if gate is not None:
             reach = gate.reach
             clean = gate.apply(frame.samples, track.read(at - delay - reach, n + reach), clean)
         if len(clean):
