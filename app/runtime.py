@@ -26,7 +26,7 @@ from core.clock import Clock
 from core.errors import VoiceAgentError, error_code
 from models import registry
 from models.protocols import TurnDetector
-from pipeline import echo
+from pipeline import denoise, echo
 from pipeline.events import ResponseDone
 from pipeline.session import Backends, PipelineConfig
 from pipeline.tools import HttpTool, ToolBox, load_tools_file
@@ -277,6 +277,8 @@ def load_backends(settings: Settings, clock: Clock, say: object = print,
     report = say if callable(say) else print
     if settings.session.echo.enabled:
         echo.EchoCanceller()  # libspeexdsp is here and works: a missing library stops the start, saying what to do
+    for line_rate in (8000, 16000):  # each line's suppressor can be made: a missing library or package stops the start
+        denoise.make(settings.session.noise.for_line(line_rate))
     report("loading VAD")
     vad = registry.load_vad(settings.vad)
     report(f"loading ASR ({settings.asr.engine}, {settings.asr.model})")

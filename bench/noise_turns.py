@@ -45,7 +45,8 @@ from bench.voice_latency import pct
 from bench.voices import RATE, Renderer, Voice, families, human_utterances
 from models import cpu
 from models.speech.vad_silero import WINDOW, SileroVad
-from pipeline.config import EndpointingConfig, NoiseFloorConfig
+from pipeline.config import EndpointingConfig, NoiseConfig, NoiseFloorConfig
+from pipeline.denoise import make
 from pipeline.endpointing import replay
 
 LEAD_S = 3.0
@@ -80,10 +81,17 @@ HELD_VOICES = ["flite-slt", "flite-kal16", "piper-joe", "piper-joe-slow"]
 class Setting:
     name: str
     noise_floor: NoiseFloorConfig
+    suppressor: str = "off"  # pipeline/denoise.py's noise suppression before the VAD (session.noise)
 
 
-def run_audio(audio: np.ndarray, vad: SileroVad, config: EndpointingConfig) -> list[tuple[str, float]]:
-    """The endpointer's decisions on `audio` (16 kHz float32): (kind, ms into the audio)."""
+def run_audio(audio: np.ndarray, vad: SileroVad, config: EndpointingConfig, suppressor: str = "off"
+              ) -> list[tuple[str, float]]:
+    """The endpointer's decisions on `audio` (16 kHz float32): (kind, ms into the audio). With a `suppressor` (a
+    session.noise setting, at its default min_floor_dbfs) the audio goes through it first, fed in 20 ms frames; its
+    delay is kept, as on a call."""
+    made = make(suppressor, NoiseConfig().min_floor_dbfs)
+    if made is not None:
+        audio = np.concatenate([made.process(audio[i:i + 320]) for i in range(0, len(audio), 320)])
     probs = vad.new_stream().probabilities(audio)
     return [(d.kind, d.audio_ms) for d in replay(probs, audio, config, WINDOW, WINDOW_MS)]
 
@@ -142,6 +150,8 @@ def main() -> None:
     parser.add_argument("--split", choices=("tune", "held"), default="tune")
     parser.add_argument("--margins", default="6/3", help="noise_floor settings to try beside the floor off, each "
                         "start_margin_db/stop_margin_db[/window_s[/percentile]]")
+    parser.add_argument("--suppressor", default="off", help="also run every noise floor setting with this noise "
+                        "suppressor first (a session.noise setting, e.g. speex-25; pipeline/denoise.py)")
     parser.add_argument("--json")
     args = parser.parse_args()
     print(f"CPU: {cpu.describe()}")
@@ -153,6 +163,8 @@ def main() -> None:
         more = dict(zip(("window_s", "percentile", "first_turn_s"), rest, strict=False))
         floor = NoiseFloorConfig(enabled=True, start_margin_db=start, stop_margin_db=stop, **more)
         settings.append(Setting(f"floor {pair}", floor))
+    if args.suppressor != "off":
+        settings += [Setting(f"{s.name}, {args.suppressor}", s.noise_floor, args.suppressor) for s in list(settings)]
     cases = questions(args.split, renderer)
     print(f"{len(cases)} questions in {len({v for v, _, _ in cases})} voices; noise: "
           f"{', '.join(TUNE if args.split == 'tune' else HELD)}")
@@ -170,14 +182,14 @@ def main() -> None:
                 start_ms, end_ms = 1000 * float(at + first) / RATE, 1000 * float(at + last) / RATE
                 base = np.zeros(length) if snr is None else noise(family, length / RATE, n, renderer)
                 audio = mix(clean.astype(np.float64), base, snr if snr is not None else 0.0, at)
-                row = one_case(run_audio(audio, vad, config), start_ms, end_ms, config)
+                row = one_case(run_audio(audio, vad, config, setting.suppressor), start_ms, end_ms, config)
                 label = family if lead_s else f"{family}, caller at once"
                 rows.append({"setting": setting.name, "family": label, "snr": snr, "voice": voice,
                              "text": text, **row})
         for family in fams:
             level = 10 ** (-10 / 20) * 0.1  # the 10 dB case's noise under a caller whose active RMS is 0.1
             audio = (noise(family, NOISE_ONLY_S, 1000, renderer) * level).astype(np.float32)
-            decisions = run_audio(audio, vad, config)
+            decisions = run_audio(audio, vad, config, setting.suppressor)
             starts = [at for k, at in decisions if k == "start"]
             stops = [at for k, at in decisions if k == "stop"]
             in_turn = sum(stop - start for start, stop in zip(starts, [*stops, NOISE_ONLY_S * 1000], strict=False))

@@ -35,6 +35,9 @@ DEFAULT_TOOLS_PROMPT = (
 )
 
 
+NOISE_SUPPRESSOR = r"^(off|speex-([1-9]|[1-5][0-9]|60))$"
+
+
 class SoundAlone(BaseModel):
     """The decision on the end-of-turn model's answer alone, chosen like the fused one ("audio, tuned")."""
 
@@ -251,6 +254,27 @@ class EchoConfig(BaseModel):
                             "interruption; also with enabled false")
 
 
+class NoiseConfig(BaseModel):
+    """pipeline/denoise.py: steady noise taken out of the caller's audio before the VAD and the recognizer, per line:
+    `off` or `speex-N` (speexdsp's suppressor, at most N dB of attenuation). The defaults are the recognizer's word
+    error rate in noise (bench/noise_asr.py): it helped on the phone line, not on a wideband one."""
+    enabled: bool = Field(True, description="suppress noise in the caller's audio; false: every line as it comes")
+    wideband: str = Field("off", pattern=NOISE_SUPPRESSOR, description="the suppressor for a wideband line (a "
+                          "browser, an app: 16 kHz and up)")
+    narrowband: str = Field("speex-25", pattern=NOISE_SUPPRESSOR, description="the suppressor for a phone line "
+                            "(8 kHz)")
+    min_floor_dbfs: float = Field(-50.0, ge=-100, le=0, description="a line whose background (the 10th percentile "
+                                  "of its 10 ms levels over the last 4 s) is quieter than this passes as it came, "
+                                  "10 ms late; the suppressor turns on at this level and off 6 dB under it. -100: "
+                                  "always on")
+
+    def for_line(self, input_rate: int) -> str:
+        """The suppressor for a line whose caller's audio comes at `input_rate`."""
+        if not self.enabled:
+            return "off"
+        return self.narrowband if input_rate <= 8000 else self.wideband
+
+
 class SessionConfig(BaseModel):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     tools_prompt: str = Field(DEFAULT_TOOLS_PROMPT, description="the system prompt of a call that has tools at its "
@@ -263,6 +287,8 @@ class SessionConfig(BaseModel):
     output_chunk_ms: int = Field(40, ge=10, le=500, description="reply audio per binary frame")
     output_lead_ms: int = Field(300, ge=0, description="how far reply audio may run ahead of real time")
     echo: EchoConfig = Field(default_factory=lambda: EchoConfig(), description="echo cancellation (pipeline/echo.py)")
+    noise: NoiseConfig = Field(default_factory=lambda: NoiseConfig(), description="noise suppression "
+                               "(pipeline/denoise.py)")
     tts_trim: TrimConfig = Field(
         default_factory=lambda: TrimConfig(), description="the synthesizer's silence before and after each phrase "
         "is cut: the reply starts with sound, and phrases are apart by a pause chosen from their last mark")

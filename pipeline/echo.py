@@ -43,11 +43,12 @@ _PREPROCESS_SET_ECHO_STATE = 24
 
 
 @functools.cache
-def _speexdsp() -> ctypes.CDLL:
+def speexdsp() -> ctypes.CDLL:
     name = ctypes.util.find_library("speexdsp")
     if name is None:
-        raise RuntimeError("echo cancellation needs libspeexdsp (Debian package libspeexdsp1, which scripts/setup.sh "
-                           "installs); or turn it off: session.echo.enabled false")
+        raise RuntimeError("echo cancellation and noise suppression need libspeexdsp (Debian package libspeexdsp1, "
+                           "which scripts/setup.sh installs); or turn them off: session.echo.enabled false, "
+                           "session.noise.enabled false")
     lib = ctypes.CDLL(name)
     lib.speex_echo_state_init.restype = ctypes.c_void_p
     lib.speex_echo_state_init.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -65,7 +66,7 @@ def _speexdsp() -> ctypes.CDLL:
 def available() -> bool:
     """Whether libspeexdsp can be loaded here."""
     try:
-        _speexdsp()
+        speexdsp()
     except (RuntimeError, OSError):
         return False
     return True
@@ -82,7 +83,7 @@ class EchoCanceller:
     the part of a 10 ms frame not yet whole (it comes out with the next call)."""
 
     def __init__(self, tail_ms: int = 500, suppress_db: int = -40, suppress_active_db: int = -15) -> None:
-        self._lib = _speexdsp()
+        self._lib = speexdsp()
         self._echo = self._lib.speex_echo_state_init(FRAME, RATE * tail_ms // 1000)
         self._pre = self._lib.speex_preprocess_state_init(FRAME, RATE)
         if not self._echo or not self._pre:

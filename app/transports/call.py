@@ -301,8 +301,8 @@ class Call:
         self.call_log = CallLog(runtime, self.session_id, self.transport, caller=caller)
         self.session = Session(
             runtime.backends, config or runtime.pipeline_config(), runtime.clock, outbound, output_rate=output_rate,
-            system_prompt=system_prompt, on_turn=self.on_turn, tap=self.call_log.recorder, toolbox=toolbox,
-            hang_up=self.hang_up,
+            input_rate=input_rate, system_prompt=system_prompt, on_turn=self.on_turn, tap=self.call_log.recorder,
+            toolbox=toolbox, hang_up=self.hang_up,
         )
         runtime.metrics.sessions.labels(self.transport).inc()
         self.task = asyncio.create_task(self.session.run())

@@ -25,6 +25,7 @@ from core.private import keys, log_private
 from core.private import words as private_words
 from models.llm.tool_calls import ToolCall, Tools
 from models.protocols import ChatMessage, Conversation
+from pipeline import denoise
 from pipeline.asr_stage import asr_stage
 from pipeline.echo import PlayedTrack, cancel_echo
 from pipeline.endpointing import vad_stage
@@ -71,6 +72,7 @@ class Session:
         outbound: Outbound,
         *,
         output_rate: int,
+        input_rate: int = 16000,
         system_prompt: str | None = None,
         on_turn: Callable[[ResponseDone], Awaitable[None] | None] | None = None,
         tap: AudioTap | None = None,
@@ -82,6 +84,7 @@ class Session:
         self.clock = clock
         self.outbound = outbound
         self.output_rate = output_rate
+        self.input_rate = input_rate  # the caller's line (8000: a phone's), for the noise suppression's level
         self.on_turn = on_turn
         self.audio_in = Inbound()
         has_tools = toolbox is not None and toolbox.tools(1) is not None
@@ -170,6 +173,10 @@ class Session:
         frames = self.audio_in.frames()
         if self.played is not None:
             frames = cancel_echo(frames, self.played, self.config.session.echo)
+        noise = self.config.session.noise
+        suppressor = denoise.make(noise.for_line(self.input_rate), noise.min_floor_dbfs)
+        if suppressor is not None:  # after the echo canceller, which needs the microphone's audio as the room made it
+            frames = denoise.suppress_noise(frames, suppressor)
         speech = vad_stage(frames, vad_stream, b.vad_worker, self.config.endpointing, self.clock,
                            b.vad.sample_rate, b.vad.window_samples, self.judge, self.book.ids)
         events = asr_stage(speech, self.backends.asr, self.backends.asr_worker, self.config.asr, self.clock,
