@@ -150,8 +150,9 @@ def main() -> None:
     parser.add_argument("--split", choices=("tune", "held"), default="tune")
     parser.add_argument("--margins", default="6/3", help="noise_floor settings to try beside the floor off, each "
                         "start_margin_db/stop_margin_db[/window_s[/percentile]]")
-    parser.add_argument("--suppressor", default="off", help="also run every noise floor setting with this noise "
-                        "suppressor first (a session.noise setting, e.g. speex-25; pipeline/denoise.py)")
+    parser.add_argument("--suppressor", default="off", help="also run every noise floor setting with the VAD behind "
+                        "this noise suppressor (a session.noise setting, e.g. speex-25; pipeline/denoise.py). The "
+                        "service does not: its VAD hears the audio as it came, the recognizer the suppressed")
     parser.add_argument("--json")
     args = parser.parse_args()
     print(f"CPU: {cpu.describe()}")

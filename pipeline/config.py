@@ -255,9 +255,9 @@ class EchoConfig(BaseModel):
 
 
 class NoiseConfig(BaseModel):
-    """pipeline/denoise.py: steady noise taken out of the caller's audio before the VAD and the recognizer, per line:
-    `off` or `speex-N` (speexdsp's suppressor, at most N dB of attenuation). The defaults are the recognizer's word
-    error rate in noise (bench/noise_asr.py): it helped on the phone line, not on a wideband one."""
+    """pipeline/denoise.py: steady noise taken out of the caller's audio for the recognizer (the VAD hears it as it
+    came), per line: `off` or `speex-N` (speexdsp's suppressor, at most N dB of attenuation). The defaults are the
+    recognizer's word error rate in noise (bench/noise_asr.py): it helped on the phone line, not on a wideband one."""
     enabled: bool = Field(True, description="suppress noise in the caller's audio; false: every line as it comes")
     wideband: str = Field("off", pattern=NOISE_SUPPRESSOR, description="the suppressor for a wideband line (a "
                           "browser, an app: 16 kHz and up)")

@@ -1,4 +1,4 @@
-"""Noise suppression on the caller's audio, before the VAD and the recognizer (issue 36, item 2).
+"""Noise suppression on the caller's audio, for the recognizer (issue 36, item 2).
 
 `speex-N`: speexdsp's preprocessor (its spectral noise estimate, at most N dB of attenuation), through ctypes on the
 Debian library libspeexdsp1 that echo cancellation loads too, streaming over the session's 16 kHz line in 10 ms
@@ -135,9 +135,15 @@ def make(spec: str, min_floor_dbfs: float | None = None) -> Suppressor | None:
 
 
 async def suppress_noise(frames: AsyncIterator[AudioFrame], suppressor: Suppressor) -> AsyncIterator[AudioFrame]:
-    """The caller's frames with steady noise taken out, each as soon as its 10 ms frames are whole; `at` stays the
+    """The caller's frames, each as soon as its 10 ms frames are whole, with the suppressor's output as what the
+    recognizer hears (`heard`) and the audio as it came, as late, as what the VAD hears: the endpointer and the
+    barge-in are left as they were (a suppressor changes the level of what is not the caller, which the noise floor
+    gate reads; bench/noise_turns.py --suppressor), and the words are taken from the cleaner audio. `at` stays the
     arrival of the frame whose samples completed them."""
+    came = np.zeros(suppressor.delay, dtype=np.float32)  # the audio as it came, as late as the suppressor's
     async for frame in frames:
         out = suppressor.process(frame.samples)
+        came = np.concatenate([came, frame.samples.astype(np.float32, copy=False)])
         if len(out):
-            yield AudioFrame(out, frame.at)
+            yield AudioFrame(came[:len(out)], frame.at, heard=out)
+            came = came[len(out):]

@@ -175,6 +175,7 @@ async def vad_stage(
     spoken: deque[np.ndarray] = deque()  # the turn's audio so far, the last TURN_MODEL_S of it
     spoken_len = 0
     pending = np.zeros(0, dtype=np.float32)  # samples not yet classified by the VAD
+    pending_heard = np.zeros(0, dtype=np.float32)  # the same samples as the recognizer hears them (AudioFrame.heard)
     consumed = 0  # samples classified so far
     ids = turn_ids if turn_ids is not None else itertools.count(1)
     turn_id = 0
@@ -190,8 +191,10 @@ async def vad_stage(
         async for frame in frames:
             probs = await worker.run(vad.probabilities, frame.samples)
             pending = np.concatenate([pending, frame.samples])
+            pending_heard = np.concatenate([pending_heard, frame.samples if frame.heard is None else frame.heard])
             for prob in probs:
                 window, pending = pending[:window_samples], pending[window_samples:]
+                heard, pending_heard = pending_heard[:window_samples], pending_heard[window_samples:]
                 consumed += window_samples
                 decision = feed_gated(endpointer, floor, prob, window)
                 answer: float | None = None
@@ -205,7 +208,7 @@ async def vad_stage(
                         turn_id = next(ids)
                         yield SpeechStarted(turn_id, clock.now(), decision.audio_ms)
                         pad_start = max(0.0, decision.audio_ms - config.prefix_padding_ms)
-                        history.append(window)
+                        history.append(heard)
                         first = _tail(history, consumed, pad_start, sample_rate)
                         history.clear()
                         history_len = 0
@@ -214,11 +217,11 @@ async def vad_stage(
                         spoken_len = len(first)
                         yield SpeechAudio(turn_id, first)
                     else:
-                        spoken.append(window)
-                        spoken_len += len(window)
+                        spoken.append(heard)
+                        spoken_len += len(heard)
                         while spoken_len - len(spoken[0]) >= TURN_MODEL_S * sample_rate:
                             spoken_len -= len(spoken.popleft())
-                        yield SpeechAudio(turn_id, window)
+                        yield SpeechAudio(turn_id, heard)
                     if decision is not None and decision.kind == "pause":
                         if judge is not None and judged:
                             judge.pause(turn_id, np.concatenate(list(spoken)))
@@ -232,8 +235,8 @@ async def vad_stage(
                             judge.clear()
                         yield stopped(decision, frame, answer)
                 else:
-                    history.append(window)
-                    history_len += len(window)
+                    history.append(heard)
+                    history_len += len(heard)
                     while history_len - len(history[0]) >= keep:
                         history_len -= len(history.popleft())
     finally:

@@ -17,8 +17,9 @@ from models.protocols import Audio, ChatMessage, GenerationStats
 
 @dataclass(frozen=True)
 class AudioFrame:
-    samples: Audio  # 16 kHz
+    samples: Audio  # 16 kHz: what the VAD hears
     at: float
+    heard: Audio | None = None  # what the recognizer hears instead, sample for sample (noise suppressed), if other
 
 
 @dataclass(frozen=True)

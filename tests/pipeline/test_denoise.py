@@ -94,14 +94,19 @@ def test_the_suppressor_follows_the_line_and_the_switch() -> None:
 
 
 @needs_speexdsp
-async def test_the_stage_passes_the_frames_on_with_their_arrival() -> None:
-    async def frames() -> AsyncIterator[AudioFrame]:
-        for i in range(10):
-            yield AudioFrame(np.full(250, 0.01 * i, np.float32), 1.0 + 0.02 * i)
+async def test_the_stage_gives_the_vad_the_audio_as_it_came_and_the_recognizer_the_suppressed() -> None:
+    sent = [np.full(250, 0.01 * (i + 1), np.float32) for i in range(10)]
 
-    got = [frame async for frame in suppress_noise(frames(), made("speex-15"))]
+    async def frames() -> AsyncIterator[AudioFrame]:
+        for i, samples in enumerate(sent):
+            yield AudioFrame(samples, 1.0 + 0.02 * i)
+
+    suppressor = made("speex-15")
+    got = [frame async for frame in suppress_noise(frames(), suppressor)]
     assert sum(len(f.samples) for f in got) == 2500 // FRAME * FRAME
-    assert all(len(f.samples) % FRAME == 0 for f in got)
+    assert all(f.heard is not None and len(f.heard) == len(f.samples) and len(f.samples) % FRAME == 0 for f in got)
+    came = np.concatenate([f.samples for f in got])
+    assert np.array_equal(came, np.concatenate([np.zeros(suppressor.delay, np.float32), *sent])[:len(came)])
     assert [f.at for f in got] == sorted(f.at for f in got) and got[0].at >= 1.0
 
 

@@ -1,5 +1,6 @@
 import asyncio
 import math
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -108,6 +109,28 @@ async def test_vad_stage_yields_turn_with_padded_audio() -> None:
     assert len(turn_audio) / 16000 == pytest.approx(1.0 + 0.2 + 0.32, abs=0.07)
     # the true end of speech is estimated from arrival times: 1 s of audio after it was sent
     assert stopped.at - stopped.ended_at == pytest.approx(0.32, abs=0.05)
+
+
+async def test_the_turns_audio_is_what_the_recognizer_hears_and_the_vad_decides_on_its_own() -> None:
+    clock = FakeClock()
+    silence, speech = np.zeros(16000, np.float32), np.full(16000, 0.5, np.float32)
+    audio = np.concatenate([silence, speech, silence])
+    marked = np.arange(len(audio), dtype=np.float32) / len(audio) * 0.01  # what the recognizer hears: too quiet
+
+    async def frames() -> AsyncIterator[AudioFrame]:
+        for i in range(0, len(audio), 320):
+            clock.advance(0.02)
+            yield AudioFrame(audio[i:i + 320], clock.now(), heard=marked[i:i + 320])
+
+    cfg = EndpointingConfig(min_speech_ms=96, end_silence_ms=320, prefix_padding_ms=200)
+    worker = ModelWorker("test-vad")
+    events = [e async for e in vad_stage(frames(), ScriptedVad(), worker, cfg, clock)]
+    worker.shutdown()
+    started = events[0]
+    assert isinstance(started, SpeechStarted) and started.audio_ms == pytest.approx(1000, abs=32)  # the VAD's audio
+    turn_audio = np.concatenate([e.samples for e in events if isinstance(e, SpeechAudio)])
+    at = int(np.round(turn_audio[0] / 0.01 * len(audio)))  # where in the stream the turn's audio begins
+    assert np.array_equal(turn_audio, marked[at:at + len(turn_audio)])  # sample for sample the recognizer's
 
 
 def test_with_end_of_turn_evidence_silence_alone_waits_the_longer_patience() -> None:
