@@ -162,18 +162,24 @@ def timeline(true_end: float, received: list[Any], done: dict, rate: int) -> dic
     }
 
 
-async def one_call(url: str, question: str, tmp: Path, rate: int) -> dict:
+async def one_call(url: str, question: str, tmp: Path, rate: int, noisy: bool = False) -> dict:
+    """One question on a fresh call: after LEAD_S of silence, or with --noise (`noisy`) of the noise, which goes on
+    under the question and after it until the reply is done."""
     samples = question_audio(question, tmp, rate)
-    lead = np.zeros(int(0.3 * rate), dtype=np.int16)
+    lead_s = NOISE_LEAD_S if NOISE is not None else 0.3  # with --noise, the clean calls wait as long
+    lead = np.zeros(int(lead_s * rate), dtype=np.int16)
     audio = np.concatenate([lead, samples])
     end_in_clip = len(lead) / rate + speech_end_s(samples, rate)
+    tail = np.zeros(int(20 * rate), dtype=np.int16)
+    if noisy:
+        audio, tail = with_noise(samples, len(lead), len(tail), rate)
     client = VoiceClient(url, rate)
     await client.connect()
     start = time.monotonic()
     # the frame holding the last speech sample leaves at this frame's start time
     true_end = start + int(end_in_clip * 1000) // FRAME_MS * FRAME_MS / 1000
     await client.stream(audio, FRAME_MS)
-    trailing = asyncio.create_task(client.silence(20))
+    trailing = asyncio.create_task(client.stream(tail, FRAME_MS))
     done = await client.wait_for(lambda e: e["type"] == "response.done", 120)
     trailing.cancel()
     first_audio = next((r.at for r in client.received if r.audio), None)
@@ -181,6 +187,7 @@ async def one_call(url: str, question: str, tmp: Path, rate: int) -> dict:
     stopped = client.events("speech.stopped")
     await client.close()
     return {
+        "noise": f"{NOISE[0]}@{NOISE[1]:g}" if noisy and NOISE is not None else None,
         "ended_by": stopped[-1].get("ended_by") if stopped else None,
         "preemptive": done.get("preemptive", False),
         "discarded": done.get("discarded", 0),
@@ -194,6 +201,38 @@ async def one_call(url: str, question: str, tmp: Path, rate: int) -> dict:
         "tokens_per_second": done.get("llm", {}).get("tokens_per_second"),
         "timeline": timeline(true_end, client.received, done, rate),
     }
+
+
+NOISE: tuple[str, float] | None = None  # --noise: (family, SNR dB)
+NOISE_LEAD_S = 3.0  # noise before the question: the line's background, as the VAD's noise floor learns it
+_NOISE_TRACK: list[np.ndarray] = []  # two minutes of it at 16 kHz, RMS 1, made before the calls
+_NOISE_CALLS = [0]
+
+
+def make_noise_track() -> None:
+    """The --noise family's track, made once before any call (rendering babble takes a while)."""
+    from bench.noise_set import noise
+    from bench.voices import Renderer
+
+    assert NOISE is not None
+    _NOISE_TRACK.append(noise(NOISE[0], 120.0, 0, Renderer()).astype(np.float32))
+
+
+def with_noise(question: np.ndarray, lead: int, tail: int, rate: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the noise with the question in it from `lead`, the noise that goes on after it for `tail` samples), int16
+    at `rate`: the noise at --noise's SNR below the question's active RMS, from a part of the track each call."""
+    from bench.noise_set import active_rms
+
+    assert NOISE is not None and _NOISE_TRACK
+    speech = question.astype(np.float64) / 32768.0
+    length = lead + len(speech) + tail
+    track = resample(_NOISE_TRACK[0], 16000, rate) if rate != 16000 else _NOISE_TRACK[0]
+    start = (_NOISE_CALLS[0] * 7919 * rate // 1000) % max(1, len(track) - length)
+    _NOISE_CALLS[0] += 1
+    line = track[start:start + length].astype(np.float64) * active_rms(speech) * 10 ** (-NOISE[1] / 20)
+    line[lead:lead + len(speech)] += speech
+    pcm = (np.clip(line, -1, 1) * 32767).astype(np.int16)
+    return pcm[:lead + len(speech)], pcm[lead + len(speech):]
 
 
 def caller_address(index: int) -> str:
@@ -299,7 +338,8 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def run(urls: dict[str, str | Server | tuple[str, Server]], repeat: int, rate: int) -> dict[str, list[dict]]:
+async def run(urls: dict[str, str | Server | tuple[str, Server] | tuple[str, str]], repeat: int, rate: int
+              ) -> dict[str, list[dict]]:
     """Every question on every target (named: a /ws URL, a server called by phone, or ("realtime",
     server)), taking turns at going first."""
     results: dict[str, list[dict]] = {name: [] for name in urls}
@@ -312,6 +352,8 @@ async def run(urls: dict[str, str | Server | tuple[str, Server]], repeat: int, r
                     target = urls[name]
                     if isinstance(target, str):
                         r = await one_call(target, question, Path(tmp), rate)
+                    elif isinstance(target, tuple) and isinstance(target[1], str):  # ("noise", a /ws URL)
+                        r = await one_call(target[1], question, Path(tmp), rate, noisy=True)
                     elif isinstance(target, tuple):
                         r = await one_realtime_call(target[1], question, Path(tmp))
                     else:
@@ -497,6 +539,18 @@ def concurrency_main(args: argparse.Namespace) -> None:
         print(f"wrote {args.json}")
 
 
+def with_noisy(urls: dict[str, Any]) -> dict[str, Any]:
+    """With --noise, each /ws target beside its twin in noise."""
+    if NOISE is None:
+        return urls
+    out: dict[str, Any] = {}
+    for name, target in urls.items():
+        out[name] = target
+        if isinstance(target, str):
+            out[f"{name}+{NOISE[0]}@{NOISE[1]:g}"] = ("noise", target)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", action="append", default=[], metavar="[LABEL=]URL",
@@ -516,6 +570,10 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3, help="concurrency mode: turns per call")
     parser.add_argument("--stagger", type=float, default=0.7, help="concurrency mode: seconds between callers' starts")
     parser.add_argument("--schedules", default="edf,fifo", help="concurrency mode: llm.schedule policies to compare")
+    parser.add_argument("--noise", metavar="FAMILY@SNR",
+                        help="also ask every /ws question in noise (a family of bench/noise_set.py at SNR dB below "
+                        "the voice, from 3 s before the question until the reply is done), side by side with the "
+                        "same question clean on the same server (whose calls then also wait 3 s before it)")
     parser.add_argument("--transport", default="ws",
                         help="the caller's path: ws (the native socket), twilio (a phone call), realtime (the OpenAI "
                         "Realtime API with the official SDK), or several, comma-separated, side by side (both: "
@@ -524,9 +582,14 @@ def main() -> None:
     transports = ["ws", "twilio"] if args.transport == "both" else args.transport.split(",")
     if not transports or set(transports) - {"ws", "twilio", "realtime"}:
         parser.error(f"--transport {args.transport!r}: ws, twilio, realtime, or a comma-separated list of them")
-    global VOICE
+    global VOICE, NOISE
     VOICE = args.voice
     print(f"CPU: {cpu.describe()}; caller voice: {VOICE}")
+    if args.noise:
+        family, _, snr = args.noise.partition("@")
+        NOISE = (family, float(snr or 10))
+        make_noise_track()
+        print(f"noise: {family} at {NOISE[1]:g} dB SNR")
     if args.concurrency:
         concurrency_main(args)
         return
@@ -539,7 +602,7 @@ def main() -> None:
         named = dict(u.split("=", 1) if "=" in u.split("://", 1)[0] else ("server", u) for u in args.url)
         if len(named) != len(args.url):
             parser.error("several --url need a label each: --url container=ws://... --url direct=ws://...")
-        results = asyncio.run(run(dict(named), args.repeat, args.rate))
+        results = asyncio.run(run(with_noisy(dict(named)), args.repeat, args.rate))
     else:
         with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
             env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **dict(s.split("=", 1) for s in args.set)}
@@ -555,9 +618,10 @@ def main() -> None:
                     label = transport + suffix if len(transports) > 1 else name
                     urls[label] = (server.ws_url if transport == "ws" else server if transport == "twilio"
                                    else ("realtime", server))
-            results = asyncio.run(run(urls, args.repeat, args.rate))
+            results = asyncio.run(run(with_noisy(urls), args.repeat, args.rate))
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "voice": VOICE, "settings": env,
+        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "voice": VOICE, "noise": args.noise,
+                                               "settings": env,
                                                "baseline": baseline, "transport": ",".join(transports),
                                                "turns": results}, indent=1))
         print(f"wrote {args.json}")
