@@ -244,18 +244,27 @@ def caller_address(index: int) -> str:
 PHONE_RATE = 8000
 PUBLIC_URL = "https://voice.example.test"  # the public URL Twilio would call; the simulator signs for it
 AUTH_TOKEN = "bench-twilio-auth-token"
-PHONE_ENV = {"VOICE_AGENT_TWILIO__AUTH_TOKEN": AUTH_TOKEN, "VOICE_AGENT_TWILIO__PUBLIC_URL": PUBLIC_URL}
+# the phone call's words are read from the server's log, which names them only where it is told to
+PHONE_ENV = {"VOICE_AGENT_TWILIO__AUTH_TOKEN": AUTH_TOKEN, "VOICE_AGENT_TWILIO__PUBLIC_URL": PUBLIC_URL,
+             "VOICE_AGENT_SERVER__LOG_CALLER_CONTENT": "info"}
 
 
-async def one_phone_call(server: Server, question: str, tmp: Path) -> dict:
-    """A question over the phone path: a signed Twilio call, 8 kHz mu-law both ways, in real time."""
+async def one_phone_call(server: Server, question: str, tmp: Path, noisy: bool = False) -> dict:
+    """A question over the phone path: a signed Twilio call, 8 kHz mu-law both ways, in real time; with `noisy`,
+    in --noise's noise as one_call has it."""
     samples = question_audio(question, tmp, PHONE_RATE)
-    lead = np.zeros(int(0.3 * PHONE_RATE), dtype=np.int16)
+    lead = np.zeros(int((NOISE_LEAD_S if NOISE is not None else 0.3) * PHONE_RATE), dtype=np.int16)
     audio = np.concatenate([lead, samples])
+    tail = np.zeros(0, dtype=np.int16)
+    if noisy:
+        audio, tail = with_noise(samples, len(lead), 20 * PHONE_RATE, PHONE_RATE)
     after_end = len(audio) / PHONE_RATE - (len(lead) / PHONE_RATE + speech_end_s(samples, PHONE_RATE))
     sim = await dial(server.base_url, server.base_url.replace("http://", "ws://"), PUBLIC_URL, AUTH_TOKEN)
+    trailing: asyncio.Task[float] | None = None
     try:
         spoke_until = await sim.say(audio)  # when the last frame left; the speech ended `after_end` before
+        if len(tail):
+            trailing = asyncio.create_task(sim.say(tail, PHONE_RATE))
         true_end = spoke_until - int(after_end * 1000) // FRAME_MS * FRAME_MS / 1000
         deadline = time.monotonic() + 120
         while not (done := call_records(server.log(), sim.call_sid)):
@@ -264,10 +273,13 @@ async def one_phone_call(server: Server, question: str, tmp: Path) -> dict:
             await asyncio.sleep(0.05)
         first_audio = sim.first_media_after(0.0)  # the server says nothing before its reply
     finally:
+        if trailing is not None:
+            trailing.cancel()
         await sim.hangup()
     reply, heard = done[0], call_records(server.log(), sim.call_sid, "caller")
     return {
         "ended_by": None, "preemptive": reply.get("preemptive", False), "discarded": reply.get("discarded", 0),
+        "noise": f"{NOISE[0]}@{NOISE[1]:g}" if noisy and NOISE is not None else None,
         "question": question, "heard": heard[0]["text"] if heard else "", "reply": reply["text"],
         "status": reply["status"], "marks": reply["latency_ms"], "server_v2v": reply.get("voice_to_voice_ms"),
         "true_v2v": (first_audio - true_end) * 1000 if first_audio else None,
@@ -338,7 +350,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def run(urls: dict[str, str | Server | tuple[str, Server] | tuple[str, str]], repeat: int, rate: int
+async def run(urls: dict[str, Any], repeat: int, rate: int
               ) -> dict[str, list[dict]]:
     """Every question on every target (named: a /ws URL, a server called by phone, or ("realtime",
     server)), taking turns at going first."""
@@ -354,6 +366,8 @@ async def run(urls: dict[str, str | Server | tuple[str, Server] | tuple[str, str
                         r = await one_call(target, question, Path(tmp), rate)
                     elif isinstance(target, tuple) and isinstance(target[1], str):  # ("noise", a /ws URL)
                         r = await one_call(target[1], question, Path(tmp), rate, noisy=True)
+                    elif isinstance(target, tuple) and target[0] == "phone-noise":
+                        r = await one_phone_call(target[1], question, Path(tmp), noisy=True)
                     elif isinstance(target, tuple):
                         r = await one_realtime_call(target[1], question, Path(tmp))
                     else:
@@ -540,7 +554,7 @@ def concurrency_main(args: argparse.Namespace) -> None:
 
 
 def with_noisy(urls: dict[str, Any]) -> dict[str, Any]:
-    """With --noise, each /ws target beside its twin in noise."""
+    """With --noise, each /ws and phone target beside its twin in noise."""
     if NOISE is None:
         return urls
     out: dict[str, Any] = {}
@@ -548,6 +562,8 @@ def with_noisy(urls: dict[str, Any]) -> dict[str, Any]:
         out[name] = target
         if isinstance(target, str):
             out[f"{name}+{NOISE[0]}@{NOISE[1]:g}"] = ("noise", target)
+        elif isinstance(target, Server):
+            out[f"{name}+{NOISE[0]}@{NOISE[1]:g}"] = ("phone-noise", target)
     return out
 
 
@@ -571,9 +587,9 @@ def main() -> None:
     parser.add_argument("--stagger", type=float, default=0.7, help="concurrency mode: seconds between callers' starts")
     parser.add_argument("--schedules", default="edf,fifo", help="concurrency mode: llm.schedule policies to compare")
     parser.add_argument("--noise", metavar="FAMILY@SNR",
-                        help="also ask every /ws question in noise (a family of bench/noise_set.py at SNR dB below "
-                        "the voice, from 3 s before the question until the reply is done), side by side with the "
-                        "same question clean on the same server (whose calls then also wait 3 s before it)")
+                        help="also ask every /ws and phone question in noise (a family of bench/noise_set.py at SNR dB "
+                        "below the voice, from 3 s before the question until the reply is done), side by side with "
+                        "the same question clean on the same server (whose calls then also wait 3 s before it)")
     parser.add_argument("--transport", default="ws",
                         help="the caller's path: ws (the native socket), twilio (a phone call), realtime (the OpenAI "
                         "Realtime API with the official SDK), or several, comma-separated, side by side (both: "
