@@ -31,7 +31,6 @@ class WebRtc(denoise.FramedSuppressor):
         except ImportError as exc:
             raise RuntimeError("the webrtc suppressor needs the webrtc-noise-gain package: pip install -e "
                                "'.[bench-noise]'") from exc
-        self.name = f"webrtc{level}"
         self._processor = AudioProcessor(0, level)
 
     def _frame(self, pcm: np.ndarray) -> None:
@@ -42,7 +41,6 @@ class Rnnoise:
     def __init__(self) -> None:
         from pyrnnoise import rnnoise
 
-        self.name = "rnnoise"
         self.delay = 320  # RNNoise's look-ahead through the two resamplers, measured
         self._lib = rnnoise.lib
         self._state = rnnoise.create()

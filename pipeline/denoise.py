@@ -38,7 +38,6 @@ _PREPROCESS_SET_NOISE_SUPPRESS = 18
 
 
 class Suppressor(Protocol):
-    name: str
     delay: int  # samples the output lags the input by, once frames are whole (measured: tests/pipeline)
 
     def process(self, samples: Audio) -> Audio:
@@ -83,7 +82,6 @@ class SpeexSuppressor(FramedSuppressor):
 
     def __init__(self, level_db: int, min_floor_dbfs: float | None = None) -> None:
         super().__init__()
-        self.name = f"speex{level_db}"
         self._lib = speexdsp()
         self._state = self._lib.speex_preprocess_state_init(FRAME, RATE)
         if not self._state:

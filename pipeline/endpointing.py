@@ -175,7 +175,9 @@ async def vad_stage(
     spoken: deque[np.ndarray] = deque()  # the turn's audio so far, the last TURN_MODEL_S of it
     spoken_len = 0
     pending = np.zeros(0, dtype=np.float32)  # samples not yet classified by the VAD
-    pending_heard = np.zeros(0, dtype=np.float32)  # the same samples as the recognizer hears them (AudioFrame.heard)
+    # the same samples as the recognizer hears them, where the frames carry that apart (AudioFrame.heard: a line's
+    # frames all do or none do)
+    pending_heard = np.zeros(0, dtype=np.float32)
     consumed = 0  # samples classified so far
     ids = turn_ids if turn_ids is not None else itertools.count(1)
     turn_id = 0
@@ -191,10 +193,13 @@ async def vad_stage(
         async for frame in frames:
             probs = await worker.run(vad.probabilities, frame.samples)
             pending = np.concatenate([pending, frame.samples])
-            pending_heard = np.concatenate([pending_heard, frame.samples if frame.heard is None else frame.heard])
+            if frame.heard is not None:
+                pending_heard = np.concatenate([pending_heard, frame.heard])
             for prob in probs:
                 window, pending = pending[:window_samples], pending[window_samples:]
-                heard, pending_heard = pending_heard[:window_samples], pending_heard[window_samples:]
+                heard = window
+                if frame.heard is not None:
+                    heard, pending_heard = pending_heard[:window_samples], pending_heard[window_samples:]
                 consumed += window_samples
                 decision = feed_gated(endpointer, floor, prob, window)
                 answer: float | None = None
