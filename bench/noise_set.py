@@ -3,6 +3,8 @@
 Every noise is made here, from a seed, so a run can be repeated exactly:
 - tune: `babble-espeak` (four espeak-ng voices talking at once, other people in a room), `brown` (a car's rumble),
   `pink` (a fan, an air conditioner);
+- for one voice in the background, a tune family apart: `tv-espeak` (one espeak-ng voice reading on and on), to tune
+  on what `tv-flite` is to report on (bench/noise_calls.py --families tv-espeak);
 - held out: `babble-flite` (four of Debian flite's voices), `tv-flite` (one flite voice reading on and on, a television
   or a radio), `white` (hiss), `music` (chords of harmonic tones changing every 0.4-0.8 s over a beat).
 `mix()` puts a noise under speech at a signal-to-noise ratio: the noise's RMS that many dB below the RMS of the
@@ -103,6 +105,7 @@ def noise(family: str, seconds: float, seed: int, renderer: Renderer) -> np.ndar
         "babble-espeak": lambda: _talk(renderer, ESPEAK_TALKERS, rng, n),
         "babble-flite": lambda: _talk(renderer, FLITE_TALKERS, rng, n),
         "tv-flite": lambda: _talk(renderer, FLITE_TALKERS[1:2], rng, n),
+        "tv-espeak": lambda: _talk(renderer, ESPEAK_TALKERS[1:2], rng, n),
         "white": lambda: rng.standard_normal(n),
         "pink": lambda: _colored(rng, n, 1.0),
         "brown": lambda: _colored(rng, n, 2.0),

@@ -2,7 +2,8 @@
 of the server). It plays the bot's reply audio as it arrives over /ws (each chunk once the one before has played,
 as the browser page does; an interrupted reply's audio still queued is dropped), and its microphone hears that
 audio again through a room, `delay_ms` later and `level_db` below what was played, on top of what the caller
-says. The microphone is streamed to the server in real time, 20 ms a frame, from `start()` until `stop()`.
+says and of the room's own `noise` (float samples at the client's rate, looped; none by default). The microphone
+is streamed to the server in real time, 20 ms a frame, from `start()` until `stop()`.
 
     phone = Speakerphone(client, level_db=-10, delay_ms=200)   # once the session has started
     phone.start()
@@ -40,7 +41,7 @@ def room_response(rate: int, rt60_s: float, seed: int = 0) -> np.ndarray:
 
 class Speakerphone:
     def __init__(self, client: VoiceClient, *, level_db: float = -10.0, delay_ms: float = 200.0,
-                 rt60_s: float = 0.3, seed: int = 0, max_s: float = 600.0) -> None:
+                 rt60_s: float = 0.3, seed: int = 0, max_s: float = 600.0, noise: np.ndarray | None = None) -> None:
         self.client = client
         self.rate = client.sample_rate
         # the reply's audio comes at the session's output rate (session.started says which): played at the mic's
@@ -57,6 +58,7 @@ class Speakerphone:
         self._seen = 0  # client.received taken in so far
         self._play_end = 0.0  # clock time the audio queued so far ends playing
         self._task: asyncio.Task[None] | None = None
+        self.noise = noise.astype(np.float32) if noise is not None and len(noise) else None
 
     def start(self) -> None:
         self.t0 = time.monotonic()
@@ -115,6 +117,9 @@ class Speakerphone:
             mic = self._echo(self.sent, self.frame)
             said, self._speech = self._speech[:self.frame], self._speech[self.frame:]
             mic[:len(said)] += said
+            if self.noise is not None:
+                at = np.arange(self.sent, self.sent + self.frame) % len(self.noise)
+                mic += self.noise[at]
             self.sent += self.frame
             with contextlib.suppress(Exception):
                 await self.client.send_raw((np.clip(mic, -1, 1) * 32767).astype("<i2").tobytes())
