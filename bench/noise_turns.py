@@ -31,7 +31,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ from bench.voice_latency import pct
 from bench.voices import RATE, Renderer, Voice, families, human_utterances
 from models import cpu
 from models.speech.vad_silero import WINDOW, SileroVad
-from pipeline.config import EndpointingConfig, NoiseConfig, NoiseFloorConfig
+from pipeline.config import CallerLevelConfig, EndpointingConfig, NoiseConfig, NoiseFloorConfig
 from pipeline.denoise import make
 from pipeline.endpointing import replay
 
@@ -55,6 +55,7 @@ NOISE_ONLY_S = 60.0
 SNRS = (15.0, 10.0, 5.0)
 AUDIBLE = 10 ** (-40 / 20)
 LONG_GAP_MS = 120  # between the sentences of a long turn: shorter than endpointing.early_final_ms
+QUIETER_DB = (3.0, 6.0, 9.0)  # a second question this much quieter than the first
 CLIPPED_MS = 100  # a turn whose silence began this long before the question's last sound lost its end
 WINDOW_MS = 1000 * WINDOW / RATE
 TUNE_QUESTIONS = [
@@ -82,6 +83,7 @@ class Setting:
     name: str
     noise_floor: NoiseFloorConfig
     suppressor: str = "off"  # pipeline/denoise.py's noise suppression before the VAD (session.noise)
+    caller_level: CallerLevelConfig = field(default_factory=lambda: CallerLevelConfig(enabled=False))
 
 
 def run_audio(audio: np.ndarray, vad: SileroVad, config: EndpointingConfig, suppressor: str = "off"
@@ -96,26 +98,34 @@ def run_audio(audio: np.ndarray, vad: SileroVad, config: EndpointingConfig, supp
     return [(d.kind, d.audio_ms) for d in replay(probs, audio, config, WINDOW, WINDOW_MS)]
 
 
-def variants(families: tuple[str, ...]) -> list[tuple[str, float | None, float]]:
-    """(noise family, SNR or None for clean, lead in seconds) of each case: after LEAD_S of the line, at every SNR;
-    and the caller speaking at once, as the line opens (no lead: clean, and each noise at 10 dB), where the start of
-    the line is the caller and not their background."""
-    cases: list[tuple[str, float | None, float]] = [("clean", None, LEAD_S)]
-    cases += [(family, snr, LEAD_S) for family in families for snr in SNRS]
-    return cases + [("clean", None, 0.0)] + [(family, 10.0, 0.0) for family in families]
+def variants(families: tuple[str, ...]) -> list[tuple[str, float | None, float, float | None]]:
+    """(noise family, SNR or None for clean, lead in seconds, None or how many dB quieter than an earlier question of
+    the caller's this one is) of each case: after LEAD_S of the line, at every SNR; the caller speaking at once, as the
+    line opens (no lead: clean, and each noise at 10 dB), where the start of the line is the caller and not their
+    background; and the caller's second question, `LEAD_S` after their first (clean, and each noise at 10 dB), where
+    their level is known from the first, and on a clean line asked QUIETER_DB quieter (the caller's level gate's other
+    side: pipeline/caller_level.py)."""
+    cases: list[tuple[str, float | None, float, float | None]] = [("clean", None, LEAD_S, None)]
+    cases += [(family, snr, LEAD_S, None) for family in families for snr in SNRS]
+    cases += [("clean", None, 0.0, None)] + [(family, 10.0, 0.0, None) for family in families]
+    cases += [("clean", None, LEAD_S, quieter) for quieter in (0.0, *QUIETER_DB)]
+    return cases + [(family, 10.0, LEAD_S, 0.0) for family in families]
 
 
-def one_case(decisions: list[tuple[str, float]], start_ms: float, end_ms: float, config: EndpointingConfig
-             ) -> dict[str, Any]:
+def one_case(decisions: list[tuple[str, float]], start_ms: float, end_ms: float, config: EndpointingConfig,
+             since_ms: float = 0.0) -> dict[str, Any]:
+    """The case's figures; `since_ms`: where the caller's earlier question (if any) ended."""
     opening = any(k == "start" and at < config.noise_floor.first_s * 1000 for k, at in decisions)
-    early = any(k == "start" and config.noise_floor.first_s * 1000 <= at < start_ms - config.min_speech_ms
-                for k, at in decisions)
+    quiet_from = max(since_ms, config.noise_floor.first_s * 1000)
+    early = any(k == "start" and quiet_from <= at < start_ms - config.min_speech_ms for k, at in decisions)
     # a turn ends when its silence has lasted end_silence_ms: the decision's moment, after the silence began
     ends = [at + config.end_silence_ms for k, at in decisions if k == "stop" and at > start_ms]
     cut = bool(ends) and ends[0] < end_ms
     after = [at for at in ends if at >= end_ms]
     clipped = bool(after) and after[0] - config.end_silence_ms < end_ms - CLIPPED_MS
-    return {"opening_turn": opening, "early_start": early, "cut": cut, "clipped": clipped,
+    # a turn begun in the noise after the caller's ended: on a call, their words would wait for it (the noise talks on)
+    later = bool(after) and any(k == "start" and at > after[0] for k, at in decisions)
+    return {"opening_turn": opening, "early_start": early, "cut": cut, "clipped": clipped, "later_start": later,
             "end_ms": after[0] - end_ms if after else None}
 
 
@@ -150,9 +160,13 @@ def main() -> None:
     parser.add_argument("--split", choices=("tune", "held"), default="tune")
     parser.add_argument("--margins", default="6/3", help="noise_floor settings to try beside the floor off, each "
                         "start_margin_db/stop_margin_db[/window_s[/percentile]]")
+    parser.add_argument("--caller", default="off,7/10", help="with each noise floor setting, the caller's level gate "
+                        "off or at start_margin_db/stop_margin_db[/percentile[/turns]] (pipeline/caller_level.py)")
     parser.add_argument("--suppressor", default="off", help="also run every noise floor setting with the VAD behind "
                         "this noise suppressor (a session.noise setting, e.g. speex-25; pipeline/denoise.py). The "
                         "service does not: its VAD hears the audio as it came, the recognizer the suppressed")
+    parser.add_argument("--families", help="noise families, comma-separated (default: the split's; tv-espeak is a "
+                        "tune family apart, bench/noise_set.py)")
     parser.add_argument("--json")
     args = parser.parse_args()
     print(f"CPU: {cpu.describe()}")
@@ -163,40 +177,71 @@ def main() -> None:
         start, stop, *rest = (float(m) for m in pair.split("/"))
         more = dict(zip(("window_s", "percentile", "first_turn_s"), rest, strict=False))
         floor = NoiseFloorConfig(enabled=True, start_margin_db=start, stop_margin_db=stop, **more)
-        settings.append(Setting(f"floor {pair}", floor))
+        for level in args.caller.split(","):
+            if level == "off":
+                settings.append(Setting(f"floor {pair}", floor))
+                continue
+            start, stop, *rest = (float(m) for m in level.split("/"))
+            extra = dict(zip(("percentile", "turns"), rest, strict=False))
+            caller = CallerLevelConfig(start_margin_db=start, stop_margin_db=stop, percentile=extra.get("percentile",
+                                       90.0), turns=int(extra.get("turns", 3)))
+            settings.append(Setting(f"floor {pair}, caller {level}", floor, caller_level=caller))
     if args.suppressor != "off":
-        settings += [Setting(f"{s.name}, {args.suppressor}", s.noise_floor, args.suppressor) for s in list(settings)]
+        settings += [Setting(f"{s.name}, {args.suppressor}", s.noise_floor, args.suppressor, s.caller_level)
+                     for s in list(settings)]
     cases = questions(args.split, renderer)
+    fams = tuple(args.families.split(",")) if args.families else TUNE if args.split == "tune" else HELD
     print(f"{len(cases)} questions in {len({v for v, _, _ in cases})} voices; noise: "
-          f"{', '.join(TUNE if args.split == 'tune' else HELD)}")
+          f"{', '.join(fams)}")
     rows: list[dict[str, Any]] = []
     noise_only: list[dict[str, Any]] = []
-    fams = TUNE if args.split == "tune" else HELD
     for setting in settings:
-        config = EndpointingConfig(noise_floor=setting.noise_floor)
+        config = EndpointingConfig(noise_floor=setting.noise_floor, caller_level=setting.caller_level)
         for n, (voice, text, clean) in enumerate(cases):
-            loud = np.flatnonzero(np.abs(clean) > AUDIBLE)
-            first, last = (loud[0], loud[-1] + 1) if len(loud) else (0, len(clean))
-            for family, snr, lead_s in variants(fams):
+            for family, snr, lead_s, quieter in variants(fams):
+                said, since = clean, 0
+                if quieter is not None:  # after the voice's previous question, LEAD_S before
+                    pool = [c for v, t, c in cases if v == voice and not t.startswith("long: ")]
+                    earlier = pool[next((i for i, c in enumerate(pool) if c is clean), 0) - 1]
+                    said = np.concatenate([trimmed(earlier), np.zeros(int(LEAD_S * RATE), dtype=np.float32),
+                                           clean * np.float32(10 ** (-quieter / 20))])
+                    since = len(trimmed(earlier))
+                loud = np.flatnonzero(np.abs(said) > AUDIBLE)
+                last = loud[-1] + 1 if len(loud) else len(said)
+                first = len(said) - len(clean) + (np.flatnonzero(np.abs(clean) > AUDIBLE)[:1].tolist() or [0])[0]
                 at = int(lead_s * RATE)
-                length = at + len(clean) + int(TAIL_S * RATE)
+                length = at + len(said) + int(TAIL_S * RATE)
                 start_ms, end_ms = 1000 * float(at + first) / RATE, 1000 * float(at + last) / RATE
                 base = np.zeros(length) if snr is None else noise(family, length / RATE, n, renderer)
-                audio = mix(clean.astype(np.float64), base, snr if snr is not None else 0.0, at)
-                row = one_case(run_audio(audio, vad, config, setting.suppressor), start_ms, end_ms, config)
+                audio = mix(said.astype(np.float64), base, snr if snr is not None else 0.0, at)
+                row = one_case(run_audio(audio, vad, config, setting.suppressor), start_ms, end_ms, config,
+                               1000 * float(at + since) / RATE)
                 label = family if lead_s else f"{family}, caller at once"
+                if quieter is not None:
+                    label += f", second question{f' {quieter:.0f} dB quieter' if quieter else ''}"
                 rows.append({"setting": setting.name, "family": label, "snr": snr, "voice": voice,
                              "text": text, **row})
         for family in fams:
-            level = 10 ** (-10 / 20) * 0.1  # the 10 dB case's noise under a caller whose active RMS is 0.1
-            audio = (noise(family, NOISE_ONLY_S, 1000, renderer) * level).astype(np.float32)
-            decisions = run_audio(audio, vad, config, setting.suppressor)
-            starts = [at for k, at in decisions if k == "start"]
-            stops = [at for k, at in decisions if k == "stop"]
-            in_turn = sum(stop - start for start, stop in zip(starts, [*stops, NOISE_ONLY_S * 1000], strict=False))
-            noise_only.append({"setting": setting.name, "family": family,
-                               "starts_per_min": len(starts) * 60 / NOISE_ONLY_S,
-                               "in_turn_share": in_turn / (NOISE_ONLY_S * 1000)})
+            # alone, and after each voice's first question (its level known): NOISE_ONLY_S of the noise at its
+            # level in the 10 dB case
+            firsts = {v: c for v, t, c in reversed(cases) if not t.startswith("long: ")}
+            for voice, clean in [("", np.zeros(0, dtype=np.float32)), *reversed(firsts.items())]:
+                said = trimmed(clean)
+                audio = mix(said.astype(np.float64), noise(family, NOISE_ONLY_S + len(said) / RATE, 1000, renderer),
+                            10.0, 0) if len(said) else (noise(family, NOISE_ONLY_S, 1000, renderer)
+                                                        * 10 ** (-10 / 20) * 0.1).astype(np.float32)
+                decisions = run_audio(audio, vad, config, setting.suppressor)
+                ends = [at for k, at in decisions if k == "stop"]
+                quiet_ms = 1000.0 * len(said) / RATE + (config.end_silence_ms if len(said) else 0)
+                if len(said) and ends:
+                    quiet_ms = max(quiet_ms, ends[0] + config.end_silence_ms)  # not the question.s own turn
+                starts = [at for k, at in decisions if k == "start" and at >= quiet_ms]
+                stops = [at for k, at in decisions if k == "stop" and at > quiet_ms]
+                total = len(audio) * 1000 / RATE
+                in_turn = sum(stop - start for start, stop in zip(starts, [*stops, total], strict=False))
+                noise_only.append({"setting": setting.name, "family": family, "after": voice or None,
+                                   "starts_per_min": len(starts) * 60_000 / (total - quiet_ms),
+                                   "in_turn_share": in_turn / (total - quiet_ms)})
     summary = report(rows, noise_only)
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "split": args.split, "summary": summary,
@@ -206,8 +251,9 @@ def main() -> None:
 
 def report(rows: list[dict[str, Any]], noise_only: list[dict[str, Any]]) -> list[dict[str, Any]]:
     summary = []
-    print("\n| setting | noise | SNR dB | heard | end p50 / p90 ms | opening turn | early start | cut | end clipped |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("\n| setting | noise | SNR dB | heard | end p50 / p90 ms | opening turn | early start | cut | end clipped | "
+          "turn after |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for key in dict.fromkeys((r["setting"], r["family"], r["snr"]) for r in rows):
         mine = [r for r in rows if (r["setting"], r["family"], r["snr"]) == key]
         ends = [r["end_ms"] for r in mine if r["end_ms"] is not None]
@@ -215,15 +261,17 @@ def report(rows: list[dict[str, Any]], noise_only: list[dict[str, Any]]) -> list
                 "end_p50": statistics.median(ends) if ends else None, "end_p90": pct(ends, 0.9) if ends else None,
                 "opening_turn": sum(r["opening_turn"] for r in mine),
                 "early_start": sum(r["early_start"] for r in mine), "cut": sum(r["cut"] for r in mine),
-                "clipped": sum(r["clipped"] for r in mine)}
+                "clipped": sum(r["clipped"] for r in mine), "later_start": sum(r["later_start"] for r in mine)}
         summary.append(line)
         p = f"{line['end_p50']:.0f} / {line['end_p90']:.0f}" if ends else "-"
         print(f"| {key[0]} | {key[1]} | {'' if key[2] is None else f'{key[2]:.0f}'} | {len(ends)}/{len(mine)} | {p} | "
-              f"{line['opening_turn']} | {line['early_start']} | {line['cut']} | {line['clipped']} |")
-    print("\n| setting | noise alone (10 dB level) | turns begun per minute | time in a turn |")
-    print("| --- | --- | ---: | ---: |")
+              f"{line['opening_turn']} | {line['early_start']} | {line['cut']} | {line['clipped']} | "
+              f"{line['later_start']} |")
+    print("\n| setting | noise alone (10 dB level) | after | turns begun per minute | time in a turn |")
+    print("| --- | --- | --- | ---: | ---: |")
     for r in noise_only:
-        print(f"| {r['setting']} | {r['family']} | {r['starts_per_min']:.1f} | {100 * r['in_turn_share']:.1f} % |")
+        print(f"| {r['setting']} | {r['family']} | {r['after'] or 'nothing'} | {r['starts_per_min']:.1f} | "
+              f"{100 * r['in_turn_share']:.1f} % |")
     return summary
 
 

@@ -75,6 +75,28 @@ class NoiseFloorConfig(BaseModel):
                               "line: no background to tell the caller from)")
 
 
+class CallerLevelConfig(BaseModel):
+    """pipeline/caller_level.py: one voice behind the caller (a television) is quieter than the caller; a window far
+    below the caller's own level in their recent turns is not the caller."""
+    enabled: bool = Field(False, description="gate the VAD on the caller's level (off: the VAD and the noise floor "
+                          "decide). Off by default: a caller who speaks again start_margin_db quieter is lost "
+                          "(bench/noise_turns.py)")
+    start_margin_db: float = Field(7.0, ge=0, le=60, description="outside a turn or in a pause, a window this far "
+                                   "below the caller's level does not count as speech: a caller who speaks again this "
+                                   "much quieter than in their loudest recent turn is not heard until they speak up")
+    stop_margin_db: float = Field(10.0, ge=0, le=60, description="while the caller talks, a window this far below "
+                                  "their level counts as silence, where a quieter voice was heard (background_ms)")
+    background_ms: int = Field(320, ge=32, le=10000, description="a quieter voice is heard where the gate kept this "
+                               "much of what the VAD called speech from starting a turn in the last recent_s")
+    recent_s: float = Field(20.0, gt=0, le=600, description="how far back a quieter voice counts as heard")
+    percentile: float = Field(90.0, ge=50, le=100, description="a turn's level: this percentile of the smoothed "
+                              "levels of its speech windows")
+    turns: int = Field(3, ge=1, le=20, description="the caller's level is the loudest of their last this many turns "
+                       "(and the current one)")
+    min_speech_ms: int = Field(400, ge=32, le=5000, description="a turn's level counts once it has had this much "
+                               "speech")
+
+
 class EndpointingConfig(BaseModel):
     threshold: float = Field(0.5, gt=0, lt=1, description="speech probability that counts as speech")
     neg_threshold: float | None = Field(None, description="below this counts as silence (default threshold - 0.15)")
@@ -84,6 +106,7 @@ class EndpointingConfig(BaseModel):
         "= \"off\", or the model failed)")
     prefix_padding_ms: int = Field(300, ge=0, description="audio before the detected start given to ASR")
     noise_floor: NoiseFloorConfig = Field(default_factory=NoiseFloorConfig)
+    caller_level: CallerLevelConfig = Field(default_factory=CallerLevelConfig)
     max_turn_s: float = Field(30.0, gt=1, description="a turn longer than this is ended")
     early_final_ms: int = Field(
         150, ge=0, description="a pause: after this much silence the end-of-turn evidence is gathered (the "

@@ -2,8 +2,8 @@
 
 `Endpointer` is the pure decision logic (unit-tested with made-up probabilities); `vad_stage` runs
 it on a real VAD (gated on the line's noise floor where the background sounds like speech:
-pipeline/noise_floor.py), keeps the turn's audio, and yields SpeechStarted / SpeechAudio /
-SpeechStopped.
+pipeline/noise_floor.py, and on the caller's own level: pipeline/caller_level.py), keeps the
+turn's audio, and yields SpeechStarted / SpeechAudio / SpeechStopped.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import numpy as np
 from core.clock import Clock
 from core.worker import ModelWorker
 from models.protocols import VadStream
+from pipeline.caller_level import CallerLevel
 from pipeline.config import EndpointingConfig
 from pipeline.events import (
     AudioFrame,
@@ -124,11 +125,17 @@ class Endpointer:
         return Decision("stop", end_ms, forced)
 
 
-def feed_gated(endpointer: Endpointer, floor: NoiseFloor, probability: float, window: np.ndarray) -> Decision | None:
-    """One VAD window into the endpointer, gated on the line's noise floor: the margin it asks for depends on whether
-    the caller is talking (in a turn and not in a pause)."""
+def feed_gated(endpointer: Endpointer, floor: NoiseFloor, caller: CallerLevel, probability: float,
+               window: np.ndarray) -> Decision | None:
+    """One VAD window into the endpointer, gated on the line's noise floor and on the caller's level: the margins they
+    ask for depend on whether the caller is talking (in a turn and not in a pause)."""
     talking = endpointer.in_speech and not endpointer.in_pause()
-    return endpointer.feed(floor.gate(probability, window, talking))
+    gated = floor.gate(probability, window, talking)
+    decision = endpointer.feed(caller.gate(gated, floor.level_db, endpointer.in_speech, talking,
+                                           endpointer.config.threshold))
+    if decision is not None and decision.kind == "stop":
+        caller.turn_ended()
+    return decision
 
 
 def replay(probabilities: Sequence[float], audio: np.ndarray, config: EndpointingConfig, window_samples: int,
@@ -137,9 +144,11 @@ def replay(probabilities: Sequence[float], audio: np.ndarray, config: Endpointin
     probabilities, one per window: the offline replay of what `vad_stage` decides live."""
     endpointer = Endpointer(config, window_ms)
     floor = NoiseFloor(config.noise_floor, window_ms)
+    caller = CallerLevel(config.caller_level, window_ms)
     decisions = []
     for i, probability in enumerate(probabilities):
-        decision = feed_gated(endpointer, floor, probability, audio[i * window_samples:(i + 1) * window_samples])
+        window = audio[i * window_samples:(i + 1) * window_samples]
+        decision = feed_gated(endpointer, floor, caller, probability, window)
         if decision is not None:
             decisions.append(decision)
     return decisions
@@ -168,6 +177,7 @@ async def vad_stage(
     endpointer = Endpointer(config, window_ms, judged=judged,
                             patience_ms=int(judge.policy.max_patience_ms) if judge is not None else None)
     floor = NoiseFloor(config.noise_floor, window_ms)
+    caller = CallerLevel(config.caller_level, window_ms)
     # Audio kept from before a detected start: the padding plus the speech that confirmed it.
     keep = int(sample_rate * (config.prefix_padding_ms + config.min_speech_ms) / 1000) + window_samples
     history: deque[np.ndarray] = deque()
@@ -201,13 +211,14 @@ async def vad_stage(
                 if frame.heard is not None:
                     heard, pending_heard = pending_heard[:window_samples], pending_heard[window_samples:]
                 consumed += window_samples
-                decision = feed_gated(endpointer, floor, prob, window)
+                decision = feed_gated(endpointer, floor, caller, prob, window)
                 answer: float | None = None
                 if decision is None and judge is not None and judged and endpointer.in_pause():
                     evidence = judge.evidence()
                     if endpointer.silence_ms >= judge.policy.wait_ms(evidence):  # enough silence for what is known
                         answer = judge.policy.probability(evidence)
                         decision = endpointer.end_turn()
+                        caller.turn_ended()
                 if endpointer.in_speech or (decision is not None and decision.kind == "stop"):
                     if decision is not None and decision.kind == "start":
                         turn_id = next(ids)

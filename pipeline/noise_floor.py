@@ -60,11 +60,11 @@ class NoiseFloor:
         """The VAD's `probability` for `window`, or 0.0 where the background fools the VAD and the window is not
         far enough above it (`talking`: whether the caller is talking, in a turn and not in a pause, which decides
         the margin)."""
-        if not self.config.enabled:
-            return probability
         power = float(np.mean(np.square(window, dtype=np.float64))) + SILENT_POWER if len(window) else SILENT_POWER
         self._power = power if self._power is None else self._power + self._alpha * (power - self._power)
-        self.level_db = 10.0 * math.log10(self._power)
+        self.level_db = 10.0 * math.log10(self._power)  # kept with the gate off too: the caller's level gate reads it
+        if not self.config.enabled:
+            return probability
         if not talking:
             self._learn(self.level_db, probability)
         elif self._learned < self._first:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import EndpointingConfig, NoiseFloorConfig
+from pipeline.config import CallerLevelConfig, EndpointingConfig, NoiseFloorConfig
 from pipeline.endpointing import replay
 from pipeline.noise_floor import NoiseFloor
 from tests.speech import speech_samples
@@ -108,7 +108,8 @@ def test_a_question_over_other_voices_ends_where_the_caller_stops(tmp_path: Path
     vad = SileroVad()
 
     def turn_ends(enabled: bool) -> list[float]:
-        config = EndpointingConfig(noise_floor=NoiseFloorConfig(enabled=enabled))
+        config = EndpointingConfig(noise_floor=NoiseFloorConfig(enabled=enabled),
+                                   caller_level=CallerLevelConfig(enabled=False))  # the floor alone
         samples = audio.astype(np.float32)
         decisions = replay(vad.new_stream().probabilities(samples), samples, config, N, WINDOW_MS)
         return [d.audio_ms for d in decisions if d.kind == "stop"]
