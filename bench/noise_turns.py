@@ -183,8 +183,8 @@ def main() -> None:
                 continue
             start, stop, *rest = (float(m) for m in level.split("/"))
             extra = dict(zip(("percentile", "turns"), rest, strict=False))
-            caller = CallerLevelConfig(start_margin_db=start, stop_margin_db=stop, percentile=extra.get("percentile",
-                                       90.0), turns=int(extra.get("turns", 3)))
+            caller = CallerLevelConfig(enabled=True, start_margin_db=start, stop_margin_db=stop,
+                                       percentile=extra.get("percentile", 90.0), turns=int(extra.get("turns", 3)))
             settings.append(Setting(f"floor {pair}, caller {level}", floor, caller_level=caller))
     if args.suppressor != "off":
         settings += [Setting(f"{s.name}, {args.suppressor}", s.noise_floor, args.suppressor, s.caller_level)

@@ -8,22 +8,25 @@ transcribed (bench/noise_calls.py). What tells the caller from that voice is lev
 caller is near the microphone.
 
 `CallerLevel` keeps the level of the caller's speech in each turn (a high percentile, `percentile`, of the smoothed
-levels of the windows the VAD called speech) and takes the loudest of the last `turns` turns as the caller's level,
-and within a turn that has had `min_speech_ms` of speech that turn's own level too. A window more than
-`start_margin_db` below it does not start a turn or end a pause, and one more than `stop_margin_db` below it counts as
-silence while the caller talks, but only where such a voice was heard: where in the last `recent_s` the gate kept at
-least `background_ms` of what the VAD called speech outside the caller's turns from starting one. On a quiet line the
-end of a turn is the VAD's alone, and a caller's fading last syllable is not cut off. Before the caller's level is known
-(the line's first turn, its first `min_speech_ms`), the window is left to the VAD.
+levels of the windows the VAD called speech) and takes the loudest of the last `turns` turns as the caller's level, and
+within a turn that has had `min_speech_ms` of speech that turn's own level too. A window more than `start_margin_db`
+below it does not start a turn or end a pause, and one more than `stop_margin_db` below it counts as silence while the
+caller talks, but only where such a voice was heard: where in the last `recent_s` the gate kept at least `background_ms`
+of what the VAD called speech outside the caller's turns from starting one, or where `background_share` of the current
+turn's speech windows are that far below the turn's own level (a call that opens on a television: the television and
+then the caller over it, one turn; a caller's own turn on a quiet line had at most a fifth of its windows so far below,
+bench/noise_turns.py's tune voices). There, too, a pause resumes only after `resume_ms` of speech loud enough to be the
+caller, as a turn starts, not on the voice's loudest syllable. On a quiet line the end of a turn is the VAD's alone, and
+a caller's fading last syllable is not cut off. Before the caller's level is known (the line's first turn, its first
+`min_speech_ms`), the window is left to the VAD.
 
-A caller who speaks again more than `start_margin_db` below their loudest recent turn is not heard until they speak up,
-and a television and a caller that much quieter are the same thing to a level: the margin is the trade, measured on
-both sides by bench/noise_turns.py (docs/benchmarks.md, "One voice behind the caller"). Off by default: at the margins
-that kept a television 10 dB down from starting turns after the caller's question (7/10 dB, tune family), half of the
-tune callers' second questions asked 6 dB quieter than their first were lost; at margins that lost none (9/12 dB), the
-television still began turns after half the questions. And it does not help a call that opens on the television: the
-first turn is the television and the caller over it, and nothing tells them apart before the caller's level is known
-(tried: a turn mostly far below its own loudest part taken for a voice behind the caller; it cut quiet callers).
+A caller who speaks again more than `start_margin_db` below their loudest recent turn is not heard until they speak up
+or `memory_s` has passed since that turn, and a television and a caller that much quieter are the same thing to a level:
+the margin is the trade, measured on both sides by bench/noise_turns.py (docs/benchmarks.md, "One voice behind the
+caller"). Off by default for that: at 7/10 dB, which on the tune television (10 dB down) left no turn of its own after
+the caller's question, half of the second questions asked 6 dB quieter than the first were lost (tune and held-out
+callers alike), and 4 of 38 held-out ones asked only 3 dB quieter. On a line with a television on, turn it on
+(`endpointing.caller_level.enabled`): live, it made such a call answerable.
 """
 
 from __future__ import annotations
@@ -39,26 +42,40 @@ class CallerLevel:
     def __init__(self, config: CallerLevelConfig, window_ms: float) -> None:
         self.config = config
         self._min_windows = max(1, round(config.min_speech_ms / window_ms))
-        self._turns: deque[float] = deque(maxlen=config.turns)  # the caller's level in each of the last turns, dBFS
+        # the caller's level in each of the last turns (dBFS), with the window (numbered) each ended at
+        self._turns: deque[tuple[int, float]] = deque(maxlen=config.turns)
+        self._memory = max(1, round(config.memory_s * 1000 / window_ms))
         self._current: list[float] = []  # levels of the current turn's speech windows
         self._current_level: float | None = None
         self._recent = max(1, round(config.recent_s * 1000 / window_ms))
         self._background = max(1, round(config.background_ms / window_ms))
         self._kept_out: deque[int] = deque()  # the windows (numbered) kept from starting a turn, over the last recent_s
         self._windows = 0
+        self._resume = max(1, round(config.resume_ms / window_ms))
+        self._loud = 0  # windows in a row loud enough to be the caller, outside a turn or in a pause
 
     @property
     def level_db(self) -> float | None:
         """The caller's level (dBFS), once known."""
-        known = [*self._turns, *([self._current_level] if self._current_level is not None else [])]
+        while self._turns and self._turns[0][0] <= self._windows - self._memory:
+            self._turns.popleft()  # a caller who moved away from the microphone is heard again after memory_s
+        known = [level for _, level in self._turns]
+        if self._current_level is not None:
+            known.append(self._current_level)
         return max(known) if known else None
 
     @property
     def background(self) -> bool:
-        """Whether a voice quieter than the caller was heard outside their turns in the last recent_s."""
+        """Whether a voice quieter than the caller was heard: outside their turns in the last recent_s, or under
+        them in the current turn."""
         while self._kept_out and self._kept_out[0] <= self._windows - self._recent:
             self._kept_out.popleft()
-        return len(self._kept_out) >= self._background
+        if len(self._kept_out) >= self._background:
+            return True
+        if self._current_level is None:
+            return False
+        quiet = np.asarray(self._current) < self._current_level - self.config.stop_margin_db
+        return float(np.mean(quiet)) >= self.config.background_share
 
     def gate(self, probability: float, level_db: float, in_turn: bool, talking: bool, threshold: float) -> float:
         """The VAD's `probability` for a window at `level_db` (smoothed, dBFS), or 0.0 where that is too far below the
@@ -78,7 +95,11 @@ class CallerLevel:
             quiet = self.background and level_db < caller - self.config.stop_margin_db
             return 0.0 if quiet else probability
         if level_db >= caller - self.config.start_margin_db:
-            return probability
+            self._loud = self._loud + 1 if probability >= threshold else 0
+            # in a pause over a quieter voice, its loudest syllable does not resume the turn: resume_ms of speech does
+            held = in_turn and self._loud < self._resume and self.background
+            return 0.0 if held else probability
+        self._loud = 0
         if not in_turn and probability >= threshold:
             self._kept_out.append(self._windows)
         return 0.0
@@ -86,6 +107,6 @@ class CallerLevel:
     def turn_ended(self) -> None:
         """The caller's turn ended: its level, if it had enough speech to tell, is one of the last turns'."""
         if self._current_level is not None:
-            self._turns.append(self._current_level)
+            self._turns.append((self._windows, self._current_level))
         self._current.clear()
         self._current_level = None

@@ -89,6 +89,14 @@ class CallerLevelConfig(BaseModel):
     background_ms: int = Field(320, ge=32, le=10000, description="a quieter voice is heard where the gate kept this "
                                "much of what the VAD called speech from starting a turn in the last recent_s")
     recent_s: float = Field(20.0, gt=0, le=600, description="how far back a quieter voice counts as heard")
+    background_share: float = Field(0.3, gt=0, le=1, description="a quieter voice is heard too where this share of "
+                                    "the current turn's speech windows is more than stop_margin_db below the turn's "
+                                    "own level")
+    memory_s: float = Field(60.0, gt=0, le=3600, description="a turn's level is forgotten this long after it "
+                            "ended: a caller who moved away from the microphone is not deaf to the bot for longer")
+    resume_ms: int = Field(160, ge=32, le=2000, description="where a quieter voice was heard, a pause resumes after "
+                           "this much speech loud enough to be the caller (a single loud window of that voice does "
+                           "not resume it)")
     percentile: float = Field(90.0, ge=50, le=100, description="a turn's level: this percentile of the smoothed "
                               "levels of its speech windows")
     turns: int = Field(3, ge=1, le=20, description="the caller's level is the loudest of their last this many turns "

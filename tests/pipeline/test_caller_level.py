@@ -128,3 +128,23 @@ def test_a_television_behind_the_caller_starts_no_turn_after_their_question(tmp_
     assert end is not None and end < true_end_ms + 1000, (end, true_end_ms)
     assert not starts_on, starts_on
 
+
+
+def test_a_caller_who_moved_away_is_heard_again_after_memory_s() -> None:
+    gate = CallerLevel(CallerLevelConfig(enabled=True, memory_s=5), WINDOW_MS)
+    turn(gate, -20.0)
+    assert kept_out(gate, -35.0, 3) == [0.0] * 3  # 15 dB quieter: not heard
+    for _ in range(round(5_000 / WINDOW_MS)):  # 5 s of the line without a turn of theirs
+        gate.gate(0.0, -70.0, False, False, THRESHOLD)
+    assert gate.level_db is None
+    assert kept_out(gate, -35.0, 3) == [0.9] * 3
+
+
+def test_over_a_quieter_voice_a_pause_resumes_on_speech_not_on_one_loud_window() -> None:
+    gate = CallerLevel(CONFIG, WINDOW_MS)
+    turn(gate, -20.0)
+    kept_out(gate, -32.0, 10)  # a quieter voice heard
+    paused = [gate.gate(0.9, -24.0, True, False, THRESHOLD), gate.gate(0.9, -32.0, True, False, THRESHOLD)]
+    assert paused == [0.0, 0.0]  # its loudest syllable does not resume the pause
+    resumed = [gate.gate(0.9, -22.0, True, False, THRESHOLD) for _ in range(6)]  # the caller goes on
+    assert resumed == [0.0] * 4 + [0.9] * 2  # after resume_ms (160 ms: 5 windows)
