@@ -234,7 +234,7 @@ def main() -> None:
                 ends = [at for k, at in decisions if k == "stop"]
                 quiet_ms = 1000.0 * len(said) / RATE + (config.end_silence_ms if len(said) else 0)
                 if len(said) and ends:
-                    quiet_ms = max(quiet_ms, ends[0] + config.end_silence_ms)  # not the question.s own turn
+                    quiet_ms = max(quiet_ms, ends[0] + config.end_silence_ms)  # not the question's own turn
                 starts = [at for k, at in decisions if k == "start" and at >= quiet_ms]
                 stops = [at for k, at in decisions if k == "stop" and at > quiet_ms]
                 total = len(audio) * 1000 / RATE

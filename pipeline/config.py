@@ -83,9 +83,11 @@ class CallerLevelConfig(BaseModel):
                           "(bench/noise_turns.py)")
     start_margin_db: float = Field(7.0, ge=0, le=60, description="outside a turn or in a pause, a window this far "
                                    "below the caller's level does not count as speech: a caller who speaks again this "
-                                   "much quieter than in their loudest recent turn is not heard until they speak up")
+                                   "much quieter than in their loudest recent turn is not heard until they speak up "
+                                   "or memory_s passes")
     stop_margin_db: float = Field(10.0, ge=0, le=60, description="while the caller talks, a window this far below "
-                                  "their level counts as silence, where a quieter voice was heard (background_ms)")
+                                  "their level counts as silence, where a quieter voice was heard (background_ms, "
+                                  "background_share)")
     background_ms: int = Field(320, ge=32, le=10000, description="a quieter voice is heard where the gate kept this "
                                "much of what the VAD called speech from starting a turn in the last recent_s")
     recent_s: float = Field(20.0, gt=0, le=600, description="how far back a quieter voice counts as heard")

@@ -129,7 +129,6 @@ def test_a_television_behind_the_caller_starts_no_turn_after_their_question(tmp_
     assert not starts_on, starts_on
 
 
-
 def test_a_caller_who_moved_away_is_heard_again_after_memory_s() -> None:
     gate = CallerLevel(CallerLevelConfig(enabled=True, memory_s=5), WINDOW_MS)
     turn(gate, -20.0)
@@ -148,3 +147,43 @@ def test_over_a_quieter_voice_a_pause_resumes_on_speech_not_on_one_loud_window()
     assert paused == [0.0, 0.0]  # its loudest syllable does not resume the pause
     resumed = [gate.gate(0.9, -22.0, True, False, THRESHOLD) for _ in range(6)]  # the caller goes on
     assert resumed == [0.0] * 4 + [0.9] * 2  # after resume_ms (160 ms: 5 windows)
+
+
+def test_a_pause_after_the_callers_own_start_still_waits_for_speech() -> None:
+    """The windows that started the turn do not count towards resuming its pauses."""
+    gate = CallerLevel(CONFIG, WINDOW_MS)
+    turn(gate, -20.0)
+    kept_out(gate, -32.0, 10)  # a quieter voice heard
+    assert kept_out(gate, -21.0, 6) == [0.9] * 6  # the caller starts a turn
+    for _ in range(20):
+        gate.gate(0.9, -20.0, True, True, THRESHOLD)  # and talks
+    assert gate.gate(0.9, -24.0, True, False, THRESHOLD) == 0.0  # in the pause, one loud window of the voice
+
+
+def test_in_a_pause_a_window_the_vad_doubts_is_left_to_it() -> None:
+    gate = CallerLevel(CONFIG, WINDOW_MS)
+    turn(gate, -20.0)
+    kept_out(gate, -32.0, 10)
+    assert gate.gate(0.4, -22.0, True, False, THRESHOLD) == 0.4  # between the thresholds: the endpointer's hysteresis
+
+
+def test_a_turn_mostly_far_below_its_own_level_hears_a_voice_behind_the_caller() -> None:
+    """A call that opens on a television: one turn, the television and then the caller over it."""
+    gate = CallerLevel(CONFIG, WINDOW_MS)
+    for _ in range(40):
+        gate.gate(0.9, -32.0, True, True, THRESHOLD)  # the television alone: level -32
+    assert not gate.background
+    for _ in range(15):
+        gate.gate(0.9, -18.0, True, True, THRESHOLD)  # the caller: the turn's level rises to theirs
+    assert gate.background  # most of the turn is more than stop_margin_db below it
+    assert gate.gate(0.9, -31.0, True, True, THRESHOLD) == 0.0
+    assert gate.gate(0.9, -20.0, True, True, THRESHOLD) == 0.9
+
+
+def test_a_callers_own_turn_on_a_quiet_line_hears_no_voice_behind_them() -> None:
+    gate = CallerLevel(CONFIG, WINDOW_MS)
+    levels = [-18.0, -20.0, -22.0, -24.0, -26.0, -28.0, -32.0] * 6  # syllables rising and fading, a few far down
+    for level in levels:
+        gate.gate(0.9, level, True, True, THRESHOLD)
+    assert not gate.background
+
