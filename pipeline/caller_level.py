@@ -26,8 +26,9 @@ or `memory_s` has passed since that turn, and a television and a caller that muc
 the margin is the trade, measured on both sides by bench/noise_turns.py (docs/benchmarks.md, "One voice behind the
 caller"). Off by default for that: at 7/10 dB, which on the tune television (10 dB down) left no turn of its own after
 the caller's question, half of the second questions asked 6 dB quieter than the first were lost (tune and held-out
-callers alike), and 4 of 38 held-out ones asked only 3 dB quieter. On a line with a television on, turn it on
-(`endpointing.caller_level.enabled`): live, it made such a call answerable.
+callers alike), and 4 of 38 held-out ones asked only 3 dB quieter. Live, it did not make a call that opens on a
+television answerable: at the live pause's patience the television's first turn takes in the question and goes on, and
+too little of it is far enough below the caller's part for `background_share` (docs/benchmarks.md).
 """
 
 from __future__ import annotations
