@@ -84,6 +84,8 @@ def _serve(args: argparse.Namespace) -> None:
         settings.server.log_level = args.log_level
     logging.basicConfig(level=settings.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for chatty in ("aioice", "aiortc"):  # every ICE check of every WebRTC call at INFO; their warnings stay
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
     check_exposure(settings.server)  # no keys: loopback only, unless allow_unauthenticated
     serve(create_app(settings), settings)  # drains calls on SIGTERM (app/shutdown.py)
 

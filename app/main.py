@@ -26,6 +26,8 @@ from app.transports.native import wire as native
 from app.transports.phone import telnyx, twilio
 from app.transports.realtime import secrets as realtime_secrets
 from app.transports.realtime import wire as realtime
+from app.transports.webrtc import native as webrtc_native
+from app.transports.webrtc import realtime as webrtc_realtime
 from core.clock import Clock, MonotonicClock
 from core.private import set_caller_content
 from pipeline.session import Backends
@@ -77,6 +79,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.include_router(native.router)
     app.include_router(realtime.router)
     app.include_router(realtime_secrets.router)
+    app.include_router(webrtc_realtime.router)
+    app.include_router(webrtc_native.router)
     app.include_router(openai_api.router)
     app.include_router(qa_api.router)
     app.include_router(qa_pages.router)

@@ -203,6 +203,29 @@ class RealtimeConfig(BaseModel):
         "({seconds}: the timeout)")
 
 
+class IceServer(BaseModel):
+    """A STUN or TURN server the WebRTC peer connections use (a deployment behind NAT)."""
+
+    urls: list[str] = Field(min_length=1, description="stun:host:port, turn:host:port?transport=udp, ...")
+    username: str | None = None
+    credential: str | None = None
+
+
+class WebRTCConfig(BaseModel):
+    """WebRTC calls: POST /v1/realtime/calls (docs/webrtc.md)."""
+
+    ice_servers: list[IceServer] = Field(
+        default_factory=list, description="STUN/TURN servers for ICE; none: host candidates only (the server's own "
+        "addresses, right where callers reach it directly)")
+    ice_gathering_timeout_s: float = Field(
+        5.0, gt=0, le=60, description="the longest the answer waits for the server's ICE candidates")
+    max_offer_bytes: int = Field(
+        65_536, ge=1024, le=1_048_576, description="largest SDP offer taken")
+    connect_timeout_s: float = Field(
+        15.0, gt=0, le=300, description="a call whose peer connection and data channel are not up this long after "
+        "its answer is ended and its slot freed")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VOICE_AGENT_", env_nested_delimiter="__", extra="ignore")
 
@@ -222,6 +245,7 @@ class Settings(BaseSettings):
     telnyx: TelnyxConfig = TelnyxConfig()
     phone: PhoneConfig = PhoneConfig()
     realtime: RealtimeConfig = RealtimeConfig()
+    webrtc: WebRTCConfig = WebRTCConfig()
     storage: StorageConfig = StorageConfig()
     otel: OtelConfig = OtelConfig()
 

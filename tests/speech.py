@@ -27,5 +27,18 @@ def speech_samples(text: str, tmp: Path, rate: int = 16000) -> np.ndarray:
     return samples
 
 
+def flite_samples(text: str, tmp: Path, rate: int = 16000, voice: str = "slt") -> np.ndarray:
+    """`text` in one of flite's voices (another synthesizer than espeak-ng's), at `rate`."""
+    if shutil.which("flite") is None or shutil.which("sox") is None:
+        raise RuntimeError("test speech needs flite and sox: run scripts/setup.sh --test")
+    raw = tmp / f"flite_{voice}_{abs(hash(text))}.raw.wav"
+    path = raw.with_suffix("").with_suffix(".wav")
+    subprocess.run(["flite", "-voice", voice, "-t", text, "-o", str(raw)], check=True)
+    subprocess.run(["sox", str(raw), "-r", str(rate), "-c", "1", "-b", "16", str(path)], check=True)
+    raw.unlink()
+    samples, _ = read_wav(path)
+    return samples
+
+
 def words(text: str) -> list[str]:
     return ["".join(ch for ch in w.lower() if ch.isalnum()) for w in text.split() if any(c.isalnum() for c in w)]

@@ -23,6 +23,11 @@ and closed with 1013 and a reason. A client is the API key the call was opened w
 address (app/security/limits.py). The call's place in its client's count is handed to the route
 (`CLIENT_SLOT` in the scope), which gives it back the moment the caller hangs up.
 
+WebRTC calls are HTTP: the key checks above, and also an ephemeral `ek_` key on `POST
+/v1/realtime/calls`, whose session goes to the route (`MINTED_SESSION`), and the page's one-use
+`?token=` on `POST /webrtc/calls`; the route takes the call's place in its client's count itself
+(`TAKE_CALL_SLOT`), since the call outlives the request.
+
 Phone media sockets (`/twilio/media`, `/telnyx/media`) carry the provider's own credentials, checked
 by their routes; here they are rate-limited per address (phone.max_connections_per_minute).
 
@@ -69,6 +74,9 @@ CLOSE_POLICY = 1008
 CLOSE_TRY_LATER = 1013
 CLIENT_SLOT = "voice_agent.client_slot"  # scope key: the call's place in its client's count (a Slot)
 MINTED_SESSION = "voice_agent.minted_session"  # scope key: an ephemeral key's session settings
+TAKE_CALL_SLOT = "voice_agent.take_call_slot"  # scope key: an HTTP-signalled call's place in its client's count
+REALTIME_CALLS_PATH = "/v1/realtime/calls"  # WebRTC calls (app/transports/webrtc/realtime.py)
+WEBRTC_CALLS_PATH = "/webrtc/calls"  # the page's WebRTC calls (app/transports/webrtc/native.py)
 RATE_LIMITS = "voice_agent.rate_limits"  # scope key: what the socket's client has left of its limits, asked later
 OPEN_PATHS = frozenset({"/", "/healthz", "/livez", "/readyz", "/api/auth", "/api/login", "/api/logout", "/twilio/voice",
                         "/twilio/media", "/telnyx/media"})
@@ -135,12 +143,22 @@ class Guard:
         else:  # /ws, /v1/realtime, and any socket added later: guarded unless said otherwise
             await self._websocket(scope, receive, send, headers)
 
-    async def _owner(self, path: str, headers: Headers) -> tuple[str | None, bool]:
-        """(the client the request's key, or its login cookie, stands for; whether it sent one)."""
+    async def _owner(self, path: str, headers: Headers, scope: Scope) -> tuple[str | None, bool]:
+        """(the client the request's key, or its login cookie, stands for; whether it sent one). On
+        POST /v1/realtime/calls an ephemeral `ek_` key is redeemed: its session goes to the route."""
         authorization = headers.get("authorization")
         cookie = cookie_parser(headers.get("cookie", "")).get(LOGIN_COOKIE) if _takes_cookie(path) else None
         owner = self.access.bearer_owner(authorization) or await self.access.cookie_owner(cookie)
-        return owner, bool(authorization or cookie)
+        scheme, _, key = (authorization or "").partition(" ")
+        if (owner is None and path == REALTIME_CALLS_PATH and scheme.lower() == "bearer"
+                and key.strip().startswith(CLIENT_SECRET_PREFIX)):
+            redeemed = await self.access.client_secrets.redeem(key.strip(), CLIENT_SECRET_PREFIX)
+            if redeemed is not None:
+                owner, scope[MINTED_SESSION] = redeemed
+        tokens = QueryParams(scope.get("query_string", b"")).getlist("token") if path == WEBRTC_CALLS_PATH else []
+        if owner is None and len(tokens) == 1:  # the page's one-use token, as for /ws
+            owner = await self.access.session_tokens.take(tokens[0])
+        return owner, bool(authorization or cookie or tokens)
 
     # -- HTTP ----------------------------------------------------------------------------------------
 
@@ -160,13 +178,18 @@ class Guard:
         """The key and the rate of an HTTP request: True when it may go on, else it was answered here."""
         address = address_of(scope)
         owner: str | None = None
+        if path in (REALTIME_CALLS_PATH, WEBRTC_CALLS_PATH) and not self._origin_ok(headers):
+            # a call made by a page of another site (server.allowed_origins), as a WebSocket is refused
+            await _respond(send, 403, _error("origin_not_allowed", f"this origin may not make calls on {path} "
+                                             "(server.allowed_origins)"))
+            return False
         if (self.access.keys.required and (_needs_key(path) or path in KEY_CHECKING)) or path == "/api/login":
             blocked = await self.access.blocked_for(address)
             if blocked:
                 await self._too_many_failures(send, blocked)
                 return False
         if self.access.keys.required and _needs_key(path):
-            owner, presented = await self._owner(path, headers)
+            owner, presented = await self._owner(path, headers, scope)
             if owner is None:
                 if presented:
                     await self.access.failed(address, path)
@@ -179,7 +202,11 @@ class Guard:
                 return False
         client = owner or address
         scope[CLIENT_KEY] = client
-        if path.startswith("/v1/") or path == "/api/login":
+        if path in (REALTIME_CALLS_PATH, WEBRTC_CALLS_PATH):  # a WebRTC call: its route takes its place in the
+            # client's count
+            counter = self.key_calls if owner else self.address_calls
+            scope[TAKE_CALL_SLOT] = lambda: counter.enter(client, self.server.admission_wait_s)
+        if path.startswith("/v1/") or path in ("/api/login", WEBRTC_CALLS_PATH):
             wait = await self.api_requests.take(client)
             if wait:
                 retry = RateLimiter.retry_after(wait)

@@ -1,6 +1,8 @@
-// The browser client of the /ws protocol (docs/websocket.md): microphone in through an
-// AudioWorklet, reply audio out through a gapless AudioContext queue that barge-in flushes, and a
-// live transcript and latency table. `window.voiceAgent` mirrors the state for tests.
+// The browser client of the native protocol (docs/websocket.md): over WebRTC by default
+// (static/webrtc.js: the microphone and the reply as tracks, events on a data channel), else, or
+// with ?transport=ws, over /ws: microphone in through an AudioWorklet, reply audio out through a
+// gapless AudioContext queue that barge-in flushes. A live transcript and latency table either way.
+// `window.voiceAgent` mirrors the state for tests.
 "use strict";
 
 const INPUT_RATE = 16000;
@@ -13,9 +15,13 @@ const ui = { start: $("start"), stop: $("stop"), status: $("status"), transcript
 
 const voiceAgent = (window.voiceAgent = {
   state: "idle", events: [], audioBytesReceived: 0, audioChunksPlayed: 0, playbackFlushes: 0, playedReports: 0,
+  transport: null, audioHeardMs: 0, fallback: null,
 });
+const WANTS_WEBRTC = new URLSearchParams(location.search).get("transport") !== "ws";
 
 let ws = null;
+let rtc = null; // the WebRTC call once answered: { send, close }
+let rtcCaller = null; // the WebRTC call being made or made (its events count)
 setInterval(() => playback.report(), 250); // playback progress, from the audio clock
 let ctx = null; // one AudioContext for capture and playback
 let mic = null; // { stream, source, node }
@@ -87,7 +93,8 @@ const playback = {
   report() {
     // tell the server what the caller has heard (output_audio.played), so that on barge-in the
     // conversation keeps exactly the words that were played
-    if (!ws || ws.readyState !== WebSocket.OPEN || !sessionStarted || this.segmentsTurn === null) return;
+    // (over WebRTC the server knows: what was heard is what went out on its track)
+    if (rtc || !ws || ws.readyState !== WebSocket.OPEN || !sessionStarted || this.segmentsTurn === null) return;
     const played = this.playedMs();
     if (played === this.reported) return;
     this.reported = played;
@@ -218,9 +225,11 @@ async function startMic() {
 function stopMic() {
   if (!mic) return;
   mic.stream.getTracks().forEach((track) => track.stop());
-  mic.source.disconnect();
-  mic.node.port.onmessage = null;
-  mic.node.disconnect();
+  if (mic.node) {
+    mic.source.disconnect();
+    mic.node.port.onmessage = null;
+    mic.node.disconnect();
+  }
   mic = null;
 }
 
@@ -258,6 +267,28 @@ async function start() {
     setState("closed");
     return;
   }
+  if (WANTS_WEBRTC && window.RTCPeerConnection) {
+    try {
+      await startRtc(token);
+      return;
+    } catch (err) {
+      if (err.status === 401 || err.status === 403 || err.status === 429 || err.status === 503) {
+        showError("refused", err.message); // the WebSocket would be refused the same way
+        setState("closed");
+        return;
+      }
+      voiceAgent.fallback = `${err.name}: ${err.message}`; // no WebRTC here: the WebSocket instead
+      console.warn("WebRTC call failed; using the WebSocket:", err);
+      try {
+        token = await sessionToken(); // the first one was used
+      } catch (tokenErr) {
+        showError("unauthorized", tokenErr.message);
+        setState("closed");
+        return;
+      }
+    }
+  }
+  voiceAgent.transport = "ws";
   const scheme = location.protocol === "https:" ? "wss:" : "ws:";
   const sock = (ws = new WebSocket(`${scheme}//${location.host}/ws?token=${encodeURIComponent(token)}`));
   sock.binaryType = "arraybuffer";
@@ -291,7 +322,47 @@ async function start() {
   if (sock === ws && sessionStarted) setState("listening");
 }
 
+async function startRtc(token) {
+  const stream = await navigator.mediaDevices.getUserMedia({
+    audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+  });
+  const me = {}; // this call: its events count while it is the page's call
+  rtcCaller = me;
+  try {
+    const call = await startWebRTC({
+      token, stream, ctx, audio: $("reply-audio"),
+      onOpen: (send) => send({ type: "session.start", audio: { sample_rate: INPUT_RATE, encoding: "pcm16" } }),
+      onEvent: (event) => rtcCaller === me && onEvent(event),
+      onLoud: (ms) => (voiceAgent.audioHeardMs += ms),
+      onClose: () => {
+        stream.getTracks().forEach((track) => track.stop());
+        if (rtcCaller !== me) return;
+        rtc = rtcCaller = null;
+        mic = null;
+        sessionStarted = false;
+        setState("closed");
+      },
+    });
+    if (rtcCaller === me) {
+      rtc = call;
+      voiceAgent.transport = "webrtc";
+      mic = { stream, source: null, node: null };
+      if (sessionStarted) setState("listening");
+    }
+  } catch (err) {
+    stream.getTracks().forEach((track) => track.stop());
+    if (rtcCaller === me) rtcCaller = null;
+    throw err;
+  }
+}
+
 function stop() {
+  if (rtc) {
+    const call = rtc;
+    call.send({ type: "session.end" }); // the server closes the call; the connection's close ends it here
+    setTimeout(() => call.close(), 1000);
+    return;
+  }
   stopMic();
   playback.flush();
   if (ws && ws.readyState === WebSocket.OPEN) ws.send(JSON.stringify({ type: "session.end" }));

@@ -1,6 +1,7 @@
 """The browser page end to end: headless Chromium opens the real server's page, its fake microphone
 plays a spoken question (a WAV made with espeak-ng), and the page must show the caller's transcript,
-the agent's reply, play reply audio and fill the latency table.
+the agent's reply, play reply audio and fill the latency table: over WebRTC (the page's default; the
+reply heard through a WebAudio tap on the track it plays) and over the WebSocket (?transport=ws).
 
 Chromium loops the fake-capture file unless its path ends in `%noloop`; the test plays it once, so
 the question is asked once, followed by silence (the padding in the file, then the digital silence
@@ -36,6 +37,9 @@ const cells = (tr) => [...tr.cells].map((td) => td.textContent);
 return {
   state: va.state,
   events: va.events.map((e) => e.type),
+  transport: va.transport,
+  fallback: va.fallback,
+  audioHeardMs: va.audioHeardMs,
   audioBytesReceived: va.audioBytesReceived,
   audioChunksPlayed: va.audioChunksPlayed,
   playbackFlushes: va.playbackFlushes,
@@ -72,8 +76,9 @@ def browser(tmp_path: Path, question_wav: Path) -> Iterator[Any]:
 def _done(snap: dict[str, Any]) -> bool:
     heard = any("capital" in t.lower() and "france" in t.lower() for t in snap["userFinal"])
     replied = any(t.strip() for t in snap["bot"])
-    return (heard and replied and snap["audioBytesReceived"] > 0 and snap["audioChunksPlayed"] > 0
-            and len(snap["latencyRows"]) > 0)
+    played = (snap["audioHeardMs"] > 200 if snap["transport"] == "webrtc" else
+              snap["audioBytesReceived"] > 0 and snap["audioChunksPlayed"] > 0)
+    return heard and replied and played and len(snap["latencyRows"]) > 0
 
 
 def _report(driver: Any, server: Server, snap: dict[str, Any] | None) -> str:
@@ -81,10 +86,11 @@ def _report(driver: Any, server: Server, snap: dict[str, Any] | None) -> str:
             f"server log (tail):\n{server.log()[-3000:]}")
 
 
-def test_browser_call(server: Server, browser: Any) -> None:
+@pytest.mark.parametrize("transport", ["webrtc", "ws"])
+def test_browser_call(server: Server, browser: Any, transport: str) -> None:
     from selenium.webdriver.common.by import By
 
-    browser.get(server.base_url + "/")
+    browser.get(server.base_url + ("/" if transport == "webrtc" else "/?transport=ws"))
     assert browser.execute_script("return window.voiceAgent.state") == "idle"
     browser.find_element(By.ID, "start").click()
 
@@ -98,6 +104,7 @@ def test_browser_call(server: Server, browser: Any) -> None:
         time.sleep(0.5)
     assert snap is not None and _done(snap), "the page did not complete a turn:\n" + _report(browser, server, snap)
 
+    assert snap["transport"] == transport and snap["fallback"] is None, snap
     assert snap["state"] == "listening"
     assert snap["status"] == "listening"
     assert "session.started" in snap["events"]
@@ -107,12 +114,14 @@ def test_browser_call(server: Server, browser: Any) -> None:
     assert marks[0] == "0" and all(m.lstrip("-").isdigit() for m in marks), snap["latencyRows"]
     assert float(tokens_per_s) > 0, snap["latencyRows"]
 
-    # the page reports what it has played, from its audio clock (output_audio.played), and the
-    # server takes the reports without complaint
-    deadline = time.monotonic() + 5
-    while browser.execute_script(SNAPSHOT_JS)["playedReports"] == 0:
-        assert time.monotonic() < deadline, "the page sent no output_audio.played:\n" + _report(browser, server, snap)
-        time.sleep(0.2)
+    if transport == "ws":
+        # the page reports what it has played, from its audio clock (output_audio.played), and the
+        # server takes the reports without complaint (over WebRTC the server's track knows)
+        deadline = time.monotonic() + 5
+        while browser.execute_script(SNAPSHOT_JS)["playedReports"] == 0:
+            assert time.monotonic() < deadline, "the page sent no output_audio.played:\n" + _report(browser, server,
+                                                                                                    snap)
+            time.sleep(0.2)
     assert not browser.execute_script(SNAPSHOT_JS)["errors"]
 
     browser.find_element(By.ID, "stop").click()

@@ -27,6 +27,11 @@ STORYTELLER = (
 )
 
 
+def turn_lines(server: Server, last: int = 40) -> str:
+    """The server's log lines about turns (their ends, barge-ins, take-backs), the last `last` of them."""
+    return "\n".join([line for line in server.log().splitlines() if "turn " in line][-last:])
+
+
 async def first_reply(client: VoiceClient, phone: Speakerphone, tmp_path: Path) -> None:
     """The call's first question and its reply, heard back by the microphone: the line's echo is found in it."""
     mark = len(client.received)
@@ -85,8 +90,15 @@ async def test_the_caller_still_interrupts_over_the_echo(server: Server, tmp_pat
             phone.say(speech_samples("Tell me a story about a brave little dragon.", tmp_path))
             while sum(len(r.audio) for r in client.received[story:] if r.audio) < 2 * rate * 4.0:  # 4 s of the story
                 assert time.monotonic() < deadline, "no reply audio arrived"
-                done = [r.event for r in client.received[story:] if r.event and r.event["type"] == "response.done"]
-                assert all(e["status"] == "completed" for e in done), done  # it did not stop itself
+                done = [(i, r.event) for i, r in enumerate(client.received) if i >= story and r.event
+                        and r.event["type"] == "response.done"]
+                # A reply taken back at its start (the echo or the question's end heard as the caller going on,
+                # as in the test above) is answered again: its audio is not the story's.
+                if done and done[-1][1].get("taken_back"):
+                    story = done[-1][0] + 1
+                    continue
+                # it did not stop itself (the server's account of the turns, to read a failure by)
+                assert all(e["status"] == "completed" for _, e in done), (done, turn_lines(server))
                 if done:
                     break
                 await asyncio.sleep(0.05)

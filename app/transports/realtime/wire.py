@@ -108,7 +108,7 @@ class RealtimeWire:
             await self._refuse("invalid_event", f"unknown event type {event['type'][:80]!r}", "type")
             return True
         try:
-            await handler(self, event)
+            await getattr(self, handler.__name__)(event)  # a subclass's own, where it has one
         except ServerFailure as exc:  # ours, not the client's: told, not counted, and the call goes on
             self.param = exc.param
             self.call.runtime.metrics.error(exc.code)
@@ -122,6 +122,19 @@ class RealtimeWire:
         self.param = param
         await self.call.bad_message(code, message)
 
+    def adopt(self, settings: RealtimeSettings) -> None:
+        """The session's settings before the call starts (an ephemeral key's, a WebRTC offer's), its tools
+        declared; RealtimeError when they are not good."""
+        if settings.tools or settings.tool_choice != self.settings.tool_choice:
+            self._declare(settings)
+        self.settings = settings
+
+    def _declare(self, settings: RealtimeSettings) -> None:
+        try:
+            self.toolbox.declare(list(settings.tools), settings.tool_choice)
+        except ConfigError as exc:
+            raise RealtimeError("invalid_tools", str(exc), "session.tools") from exc
+
     # -- client events -------------------------------------------------------------------------------
     async def session_update(self, event: dict[str, Any]) -> None:
         new = self.settings.updated(event.get("session"), self.dialect.beta)
@@ -130,10 +143,7 @@ class RealtimeWire:
             raise RealtimeError("unsupported", "the audio formats cannot change once audio has been sent or a "
                                 "response made; open a new session", "session.audio")
         if (new.tools, new.tool_choice) != (self.settings.tools, self.settings.tool_choice):
-            try:
-                self.toolbox.declare(list(new.tools), new.tool_choice)
-            except ConfigError as exc:
-                raise RealtimeError("invalid_tools", str(exc), "session.tools") from exc
+            self._declare(new)
         if self.call.session is not None and new.instructions != self.settings.instructions:
             self.call.session.set_instructions(new.instructions or self._default_prompt())
         self.settings = new
@@ -159,28 +169,37 @@ class RealtimeWire:
         with a ServerFailure (an error event), never the call."""
         backends = self.call.runtime.backends
         assert backends is not None
-        audio = resample(samples, self.settings.input_rate, backends.asr.sample_rate)
+        audio = resample(samples, self.input_rate, backends.asr.sample_rate)
         try:
             text: str = await backends.asr_worker.run(backends.asr.transcribe, audio)
         except Exception as exc:
             log.error("%s: the recognizer failed on %.1f s of the client's audio: %r", self.label,
-                      len(samples) / self.settings.input_rate, exc, exc_info=exc)
+                      len(samples) / self.input_rate, exc, exc_info=exc)
             raise ServerFailure("transcription_failed", "the speech recognizer failed on this audio, so nothing was "
                                 "added for it; send it again, or the words as text", param) from exc
         return text.strip()
 
+    @property
+    def input_rate(self) -> int:
+        """The rate of the caller's audio as it reaches the wire (the input format's)."""
+        return self.settings.input_rate
+
     async def audio_append(self, event: dict[str, Any]) -> None:
-        samples = self._samples(event.get("audio"), "audio")
+        await self.take_audio(self._samples(event.get("audio"), "audio"))
+
+    async def take_audio(self, samples: np.ndarray) -> None:
+        """The caller's audio at `input_rate`: to the session (server turn detection), or to the
+        buffer the client commits (turn_detection null)."""
         self._start()
         if not len(samples):
             return
         self.input_samples += len(samples)
         if self.settings.turn_detection is not None:
             return await self.call.feed(samples)
-        limit = int(self.call.runtime.settings.endpointing.max_turn_s * self.settings.input_rate)
+        limit = int(self.call.runtime.settings.endpointing.max_turn_s * self.input_rate)
         if self.buffered + len(samples) > limit:
             raise RealtimeError("input_audio_buffer_full", f"the input audio buffer holds at most "
-                                f"{limit / self.settings.input_rate:g} s (endpointing.max_turn_s): commit or clear it")
+                                f"{limit / self.input_rate:g} s (endpointing.max_turn_s): commit or clear it")
         self.buffer.append(samples)
         self.buffered += len(samples)
 
@@ -191,7 +210,7 @@ class RealtimeWire:
         if detection is not None:
             raise RealtimeError("unsupported", f"with {detection['type']} the server commits the caller's audio itself "
                                 "at the end of their speech; set turn_detection null to commit it yourself")
-        rate = self.settings.input_rate
+        rate = self.input_rate
         if self.buffered < rate // 10:
             raise RealtimeError("input_audio_buffer_commit_empty", f"the buffer holds {1000 * self.buffered // rate} "
                                 "ms of audio; commit at least 100 ms")
@@ -461,7 +480,7 @@ class RealtimeWire:
         session, outbound, timeout_s = self.call.session, self.outbound, self.settings.idle_timeout_s
         if session is None or session.closed or outbound is None or timeout_s is None:
             return
-        end_ms = 1000 * self.input_samples // self.settings.input_rate
+        end_ms = 1000 * self.input_samples // self.input_rate
         item_id = new_id("item")
         log.info("%s: the caller was silent for %.1f s after the reply (idle_timeout_ms)", self.label, timeout_s)
         await self._send("input_audio_buffer.timeout_triggered", audio_start_ms=max(0, end_ms - int(1000 * timeout_s)),
@@ -504,21 +523,25 @@ class RealtimeWire:
                           speech_interrupts=settings.interrupts, takes_back=False)
         self.idle.timeout_s = settings.idle_timeout_s
 
+    def _new_outbound(self) -> RealtimeOutbound:
+        settings = self.settings
+        return RealtimeOutbound(self.call.writer, self.dialect, self.call.runtime.metrics, settings.output_format,
+                                settings.output_rate)
+
     def _start(self) -> None:
         """The pipeline's Session, started with the settings as they are now."""
         if self.call.session is not None:
             return
         runtime = self.call.runtime
         settings = self.settings
-        outbound = self.outbound = RealtimeOutbound(self.call.writer, self.dialect, runtime.metrics,
-                                                    settings.output_format, settings.output_rate)
+        outbound = self.outbound = self._new_outbound()
         client = getattr(self.call.websocket, "client", None)
         config = runtime.pipeline_config()
         outbound.idle = self.idle
         outbound.lead_s = config.session.output_lead_ms / 1000
         outbound.rate_limits = rate_limits(getattr(self.call.websocket, "scope", None))
         config = dataclasses.replace(config, endpointing=settings.endpointing(config.endpointing))
-        self.call.start_session(self.outbound, input_rate=settings.input_rate,
+        self.call.start_session(self.outbound, input_rate=self.input_rate,
                                           output_rate=settings.output_rate, toolbox=self.toolbox,
                                           system_prompt=settings.instructions or None,
                                           caller=client.host if client else None, config=config)
@@ -557,6 +580,6 @@ async def realtime_endpoint(websocket: WebSocket) -> None:
     if isinstance(minted, dict):  # an ephemeral key: the session starts with the settings it was minted with
         wire = call.wire
         assert isinstance(wire, RealtimeWire)
-        wire.settings = wire.settings.updated(minted, beta=False)
+        wire.adopt(wire.settings.updated(minted, beta=False))  # checked when it was minted
     offered = [p.strip() for p in headers.get("sec-websocket-protocol", "").split(",")]
     await call.serve(subprotocol="realtime" if "realtime" in offered else None)

@@ -1,0 +1,1 @@
+"""WebRTC calls: the peer connection, its tracks and data channel, and POST /v1/realtime/calls."""

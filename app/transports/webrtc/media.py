@@ -1,0 +1,154 @@
+"""The call's audio over WebRTC: the reply as a track the peer connection sends (paced here, 20 ms a
+frame, by the injected clock), and the caller's track read into the session.
+
+What was heard is what the track handed to the sender: a barge-in drops the rest at once (`clear`),
+and the session is told, as a phone's marks tell it, how much of each turn's reply went out
+(`on_played`). The caller's audio is placed by its RTP timestamps: a packet lost on the way leaves
+silence of its own length, so the endpointing's clock stays the caller's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fractions
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+import av
+import numpy as np
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+from core.clock import Clock
+from models.protocols import Audio
+
+log = logging.getLogger(__name__)
+FRAME_S = 0.02  # the reply's frames: 20 ms, Opus's and G.711's usual packet
+MAX_GAP_S = 1.0  # the longest stretch of lost packets filled with silence (a longer jump: the clock restarts)
+
+
+class ReplyTrack(MediaStreamTrack):
+    """The reply's audio as an outgoing track: `push` queues 16-bit PCM of a turn at `rate`, `recv`
+    gives the sender one 20 ms frame every 20 ms (silence when nothing is queued), and `clear` drops
+    what is queued. `on_played(turn_id, ms)`: how much of that turn's audio has gone out."""
+
+    kind = "audio"
+
+    def __init__(self, clock: Clock, rate: int, on_played: Callable[[int, float], None] | None = None) -> None:
+        super().__init__()
+        self.clock = clock
+        self.rate = rate
+        self.on_played = on_played
+        self.frame = int(rate * FRAME_S)
+        self.queue: deque[tuple[int, np.ndarray]] = deque()  # (turn id, int16 samples), in order
+        self.queued = 0  # samples in `queue`
+        self.sent: dict[int, int] = {}  # turn id -> its samples handed to the sender
+        self.started: float | None = None  # the clock time frame 0 was due
+        self.frames = 0  # frames given so far (the frame clock and the pts)
+        self.drained = asyncio.Event()  # nothing queued
+        self.drained.set()
+
+    def push(self, pcm16: bytes, turn_id: int) -> None:
+        samples = np.frombuffer(pcm16, dtype=np.int16)
+        if len(samples):
+            self.queue.append((turn_id, samples))
+            self.queued += len(samples)
+            self.drained.clear()
+
+    def clear(self) -> int:
+        """Drop the audio not yet sent (a barge-in): the samples dropped."""
+        dropped = self.queued
+        self.queue.clear()
+        self.queued = 0
+        self.drained.set()
+        return dropped
+
+    def stop(self) -> None:
+        """The call is over: nothing more goes out (and nobody waits for the queue to drain)."""
+        self.clear()
+        super().stop()
+
+    def turn_sent_ms(self, turn_id: int) -> float:
+        return 1000 * self.sent.get(turn_id, 0) / self.rate
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = self.clock.now()
+        if self.started is None:
+            self.started = now
+        due = self.started + self.frames * FRAME_S
+        if due > now:
+            await self.clock.sleep(due - now)
+        elif now - due > MAX_GAP_S:  # the sender stalled (a paused loop): start the frame clock again
+            self.started, self.frames = now, 0
+        pcm = self._take()
+        frame = av.AudioFrame(format="s16", layout="mono", samples=self.frame)
+        frame.planes[0].update(pcm.tobytes())
+        frame.sample_rate = self.rate
+        frame.pts = self.frames * self.frame
+        frame.time_base = fractions.Fraction(1, self.rate)
+        self.frames += 1
+        return frame
+
+    def _take(self) -> np.ndarray:
+        """The next frame's samples: queued audio, then silence; counted per turn as sent."""
+        out = np.zeros(self.frame, dtype=np.int16)
+        filled = 0
+        played: dict[int, None] = {}
+        while filled < self.frame and self.queue:
+            turn_id, samples = self.queue[0]
+            n = min(self.frame - filled, len(samples))
+            out[filled:filled + n] = samples[:n]
+            filled += n
+            self.queued -= n
+            self.sent[turn_id] = self.sent.get(turn_id, 0) + n
+            played[turn_id] = None
+            if n == len(samples):
+                self.queue.popleft()
+            else:
+                self.queue[0] = (turn_id, samples[n:])
+        if not self.queue:
+            self.drained.set()
+        if self.on_played is not None:
+            for turn_id in played:
+                self.on_played(turn_id, self.turn_sent_ms(turn_id))
+        return out
+
+
+class CallerAudio:
+    """Reads the caller's track into `feed` as float32 mono at `rate`, whatever the codec (Opus at
+    48 kHz stereo, G.711 at 8 kHz), with lost packets filled with silence by their RTP timestamps."""
+
+    def __init__(self, track: MediaStreamTrack, feed: Callable[[Audio], Awaitable[None]], rate: int) -> None:
+        self.track = track
+        self.feed = feed
+        self.rate = rate
+        self.resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
+        self.next_pts: int | None = None  # where the next frame should start, in its own rate's samples
+        self.filled_s = 0.0  # silence put in for lost packets, for the log
+        self.frames = 0
+
+    async def run(self) -> None:
+        """Until the track ends."""
+        with contextlib.suppress(MediaStreamError):
+            while True:
+                frame = await self.track.recv()
+                if isinstance(frame, av.AudioFrame):
+                    await self.take(frame)
+        log.info("the caller's track ended after %d frames (%.2f s of lost packets filled)", self.frames,
+                 self.filled_s)
+
+    async def take(self, frame: av.AudioFrame) -> None:
+        self.frames += 1
+        if frame.pts is not None and self.next_pts is not None:
+            gap = (frame.pts - self.next_pts) / frame.sample_rate
+            if 0 < gap <= MAX_GAP_S:
+                self.filled_s += gap
+                await self.feed(np.zeros(round(gap * self.rate), dtype=np.float32))
+        if frame.pts is not None:
+            self.next_pts = frame.pts + frame.samples
+        for out in self.resampler.resample(frame):
+            samples = out.to_ndarray().reshape(-1).astype(np.float32) / 32768.0
+            if len(samples):
+                await self.feed(samples)

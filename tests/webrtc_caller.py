@@ -1,0 +1,155 @@
+"""A WebRTC caller made with aiortc, as OpenAI's documented browser flow makes one: a microphone track
+and an `oai-events` data channel in the offer, the offer POSTed to /v1/realtime/calls, the answer
+set, events on the channel, the reply heard on the server's track. Its microphone plays what
+`say` is given, in real time, and silence between."""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+
+MIC_RATE = 16000
+FRAME = MIC_RATE // 50  # 20 ms
+
+
+class Microphone(MediaStreamTrack):
+    """Plays queued 16 kHz float audio, 20 ms a frame in real time, then silence."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = np.zeros(0, dtype=np.float32)
+        self.frames = 0
+        self.start: float | None = None
+        self.said_at: float | None = None  # when the last `say` ran out (the true end of the caller's speech)
+
+    def say(self, samples: np.ndarray) -> float:
+        """Queue speech (float in [-1, 1], or int16 as read from a WAV); the time (monotonic) it will have
+        played out."""
+        scale = 32768.0 if np.issubdtype(samples.dtype, np.integer) else 1.0
+        self.pending = np.concatenate([self.pending, samples.astype(np.float32) / scale])
+        return time.monotonic() + len(self.pending) / MIC_RATE
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self.start is None:
+            self.start = time.monotonic()
+        wait = self.start + self.frames * FRAME / MIC_RATE - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        piece = np.zeros(FRAME, dtype=np.float32)
+        n = min(FRAME, len(self.pending))
+        piece[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME)
+        frame.planes[0].update((np.clip(piece, -1, 1) * 32767).astype(np.int16).tobytes())
+        frame.sample_rate = MIC_RATE
+        frame.pts = self.frames * FRAME
+        frame.time_base = fractions.Fraction(1, MIC_RATE)
+        self.frames += 1
+        return frame
+
+
+@dataclass
+class Heard:
+    """The server's track as it arrived: (monotonic time, mono float samples at `rate`)."""
+
+    rate: int = 48000
+    frames: list[tuple[float, np.ndarray]] = field(default_factory=list)
+
+    def loud_since(self, since: float, level: float = 0.01) -> float | None:
+        """When the first frame after `since` with sound (peak over `level`) arrived."""
+        for at, samples in self.frames:
+            if at >= since and len(samples) and float(np.max(np.abs(samples))) > level:
+                return at
+        return None
+
+    def seconds_loud(self, since: float, level: float = 0.01) -> float:
+        return sum(len(s) for at, s in self.frames if at >= since and len(s) and np.max(np.abs(s)) > level) / self.rate
+
+
+class WebRTCCaller:
+    """`channel`: "oai-events" for /v1/realtime/calls, "events" for the native /webrtc/calls."""
+
+    def __init__(self, base_url: str, key: str | None = None, channel: str = "oai-events") -> None:
+        self.base_url = base_url
+        self.key = key
+        self.label = channel
+        self.pc = RTCPeerConnection()
+        self.mic = Microphone()
+        self.events: list[dict[str, Any]] = []
+        self.heard = Heard()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.answer: httpx.Response | None = None
+
+    async def call(self, session: dict[str, Any] | None = None, path: str = "/v1/realtime/calls") -> httpx.Response:
+        """Offer, POST, answer. The HTTP response (201 with SDP when the call is taken)."""
+        self.pc.addTrack(self.mic)
+        channel = self.pc.createDataChannel(self.label)
+        self.channel = channel
+
+        @channel.on("message")
+        def on_message(message: str) -> None:
+            self.events.append(json.loads(message))
+
+        @self.pc.on("track")
+        def on_track(track: MediaStreamTrack) -> None:
+            self.tasks.append(asyncio.create_task(self._listen(track)))
+
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        headers = {"authorization": f"Bearer {self.key}"} if self.key else {}
+        async with httpx.AsyncClient(base_url=self.base_url, timeout=30) as http:
+            if session is None:
+                reply = await http.post(path, content=self.pc.localDescription.sdp,
+                                        headers={**headers, "content-type": "application/sdp"})
+            else:
+                reply = await http.post(path, headers=headers, files={"sdp": (None, self.pc.localDescription.sdp),
+                                                                      "session": (None, json.dumps(session))})
+        self.answer = reply
+        if reply.status_code == 201:
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=reply.text, type="answer"))
+            self.opened = asyncio.Event()
+            if channel.readyState == "open":
+                self.opened.set()
+            channel.on("open", self.opened.set)
+        return reply
+
+    async def _listen(self, track: MediaStreamTrack) -> None:
+        resampler = av.AudioResampler(format="s16", layout="mono", rate=self.heard.rate)
+        try:
+            while True:
+                frame = await track.recv()
+                now = time.monotonic()
+                for out in resampler.resample(frame):
+                    self.heard.frames.append((now, out.to_ndarray().reshape(-1).astype(np.float32) / 32768))
+        except MediaStreamError:
+            pass
+
+    def send(self, **event: Any) -> None:
+        self.channel.send(json.dumps(event))
+
+    async def wait_for(self, kind: str, timeout: float, after: int = 0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            for event in self.events[after:]:
+                if event["type"] == kind:
+                    return event
+            assert time.monotonic() < deadline, f"no {kind} within {timeout} s: {[e['type'] for e in self.events]}"
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await self.pc.close()
