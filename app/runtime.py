@@ -26,7 +26,7 @@ from core.clock import Clock
 from core.errors import VoiceAgentError, error_code
 from models import registry
 from models.protocols import TurnDetector
-from pipeline import denoise, echo
+from pipeline import denoise, echo, honesty
 from pipeline.events import ResponseDone
 from pipeline.session import Backends, PipelineConfig
 from pipeline.tools import HttpTool, ToolBox, load_tools_file
@@ -308,6 +308,13 @@ def load_backends(settings: Settings, clock: Clock, say: object = print,
         warm_up = getattr(engine, "warm_up", None)
         if callable(warm_up):
             warm_up(settings.session.system_prompt, tools, settings.session.tools_prompt)
+    judge = tools_llm or llm
+    if settings.session.honesty.enabled and isinstance(judge, honesty.Asks):
+        # The honesty gate's question (its instructions, examples and the operator's facts: over a
+        # thousand tokens) computed now, once: else the first caller's reply waited for it (14 s on 2 cores).
+        report("warming the honesty gate's question")
+        system = settings.session.system_prompt
+        asyncio.run(honesty.cannot_answer(judge, "Hello there.", [], honesty.told(system, system)))
     return Backends(vad=vad, asr=asr, tts=tts, llm=llm, turn=_load_turn(settings, llm.weighs_words, report),
                     tools_llm=tools_llm)
 
