@@ -32,10 +32,13 @@ places a Twilio call (the signed webhook, then the Media Stream), says the quest
 in real time and plays the reply back; the turn's marks come from the server's log of the call.
 With --transport realtime, the caller is the official `openai` SDK on /v1/realtime (GA events,
 24 kHz PCM in 20 ms appends, in real time); the marks come from `response.done`'s `voice_agent`.
-A comma-separated list puts every question to one server over each path, taking turns at going
-first (`both` is ws,twilio):
+With --transport webrtc, the caller is an aiortc peer calling as the page does (POST /webrtc/calls,
+Opus both ways, the native protocol's events on the data channel: the same wire as /ws); the reply
+is heard at its first audible sample out of the caller's track. A comma-separated list puts every question to one server
+over each path, taking turns at going first (`both` is ws,twilio):
 
     .venv/bin/python bench/voice_latency.py --transport realtime,ws --repeat 2
+    .venv/bin/python bench/voice_latency.py --transport webrtc,ws --voice flite-awb --repeat 2
 """
 
 from __future__ import annotations
@@ -134,6 +137,21 @@ def first_audible(chunks: list[tuple[float, bytes]], rate: int, dbfs: float = AU
     return None
 
 
+def gaps_heard(pieces: list[tuple[float, float]], missing: list[float] = ()) -> dict[str, float]:
+    """The gaps a caller hears in a reply played as it arrives: `pieces` (arrival time, seconds of audio)
+    in order, each played as soon as it has arrived and the one before has played; a wait over 10 ms
+    for a late piece is a gap, and so is audio that never came (`missing`, seconds: RTP packets lost or
+    dropped as too late)."""
+    waits: list[float] = []
+    clock: float | None = None
+    for at, seconds in pieces:
+        if clock is not None and at > clock + 0.01:
+            waits.append(at - clock)
+        clock = at + seconds if clock is None else max(clock, at) + seconds
+    lost = [m for m in missing if m > 0.01]
+    return {"gaps": len(waits) + len(lost), "gap_ms": round(1000 * (sum(waits) + sum(lost)), 1)}
+
+
 def timeline(true_end: float, received: list[Any], done: dict, rate: int) -> dict[str, float | None]:
     """One turn in ms from the true end of speech: the pause heard, its words known and weighed, the
     decision (speech.stopped sent), the first reply audio sent (the server's marks) and received,
@@ -183,6 +201,7 @@ async def one_call(url: str, question: str, tmp: Path, rate: int, noisy: bool = 
     done = await client.wait_for(lambda e: e["type"] == "response.done", 120)
     trailing.cancel()
     first_audio = next((r.at for r in client.received if r.audio), None)
+    heard_gaps = gaps_heard([(r.at, len(r.audio) / 2 / rate) for r in client.received if r.audio and r.at > true_end])
     final = client.events("transcript.final")
     stopped = client.events("speech.stopped")
     await client.close()
@@ -200,6 +219,7 @@ async def one_call(url: str, question: str, tmp: Path, rate: int, noisy: bool = 
         "true_v2v": (first_audio - true_end) * 1000 if first_audio else None,
         "tokens_per_second": done.get("llm", {}).get("tokens_per_second"),
         "timeline": timeline(true_end, client.received, done, rate),
+        **heard_gaps,
     }
 
 
@@ -345,6 +365,51 @@ async def one_realtime_call(server: Server, question: str, tmp: Path) -> dict:
     }
 
 
+WEBRTC_AS_ARRIVED = True  # --webrtc-jitter-buffer aiortc: the caller holds 4 packets before playing, as aiortc does
+
+
+async def one_webrtc_call(server: Server, question: str, tmp: Path) -> dict:
+    """A question over WebRTC with an aiortc caller (tests/webrtc_caller.py) as the page makes it: POST
+    /webrtc/calls, Opus both ways, the native protocol's events on the data channel (the same wire as
+    /ws, so only the transport differs). The reply is heard at its first audible sample out of the
+    caller's track."""
+    from tests.webrtc_caller import MIC_RATE, WebRTCCaller
+
+    samples = question_audio(question, tmp, MIC_RATE)
+    audio = np.concatenate([np.zeros(int(0.3 * MIC_RATE), dtype=np.int16), samples])
+    end_in_clip = 0.3 + speech_end_s(samples, MIC_RATE)
+    caller = WebRTCCaller(server.base_url, channel="events", as_arrived=WEBRTC_AS_ARRIVED)
+    try:
+        answer = await caller.call(path="/webrtc/calls")
+        if answer.status_code != 201:
+            raise RuntimeError(f"/webrtc/calls answered {answer.status_code}: {answer.text[:200]}")
+        await asyncio.wait_for(caller.opened.wait(), 30)
+        caller.send(type="session.start", audio={"sample_rate": MIC_RATE})
+        await caller.wait_for("session.started", 30)
+        clip_end = caller.mic.say(audio)
+        true_end = clip_end - (len(audio) / MIC_RATE - end_in_clip)
+        done = await caller.wait_for("response.done", 120)
+        final = [e for e in caller.events if e["type"] == "transcript.final"]
+        audible = caller.heard.first_sample_at(true_end, 10 ** (AUDIBLE_DBFS / 20))
+        received = next((at for at, s in caller.heard.frames if at > true_end and s.any()), None)
+        loud = [at for at, s in caller.heard.frames if at > true_end and np.abs(s).max(initial=0) > 0.01]
+        span = (loud[0], loud[-1]) if loud else (0.0, -1.0)  # the reply: its first sound to its last
+        within = [(at, len(s) / caller.heard.rate) for at, s in caller.heard.frames if span[0] <= at <= span[1]]
+        lost = [m for at, m in caller.heard.missing if span[0] <= at <= span[1]]
+    finally:
+        await caller.close()
+    return {
+        "ended_by": None, "preemptive": done.get("preemptive", False), "discarded": done.get("discarded", 0),
+        "question": question, "heard": final[0]["text"] if final else "", "reply": done["text"],
+        "status": done["status"], "marks": done["latency_ms"], "server_v2v": done.get("voice_to_voice_ms"),
+        "true_v2v": (audible - true_end) * 1000 if audible else None,
+        "tokens_per_second": done.get("llm", {}).get("tokens_per_second"), "underruns": done.get("underruns"),
+        "timeline": {"first_audio_received": None if received is None else round((received - true_end) * 1000, 1),
+                     "first_audible": None if audible is None else round((audible - true_end) * 1000, 1)},
+        **gaps_heard(within, lost),
+    }
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -368,6 +433,8 @@ async def run(urls: dict[str, Any], repeat: int, rate: int
                         r = await one_call(target[1], question, Path(tmp), rate, noisy=True)
                     elif isinstance(target, tuple) and target[0] == "phone-noise":
                         r = await one_phone_call(target[1], question, Path(tmp), noisy=True)
+                    elif isinstance(target, tuple) and target[0] == "webrtc":
+                        r = await one_webrtc_call(target[1], question, Path(tmp))
                     elif isinstance(target, tuple):
                         r = await one_realtime_call(target[1], question, Path(tmp))
                     else:
@@ -592,12 +659,17 @@ def main() -> None:
                         "the same question clean on the same server (whose calls then also wait 3 s before it)")
     parser.add_argument("--transport", default="ws",
                         help="the caller's path: ws (the native socket), twilio (a phone call), realtime (the OpenAI "
-                        "Realtime API with the official SDK), or several, comma-separated, side by side (both: "
-                        "ws,twilio)")
+                        "Realtime API with the official SDK), webrtc (an aiortc caller on /webrtc/calls), or "
+                        "several, comma-separated, side by side (both: ws,twilio)")
+    parser.add_argument("--webrtc-jitter-buffer", choices=("none", "aiortc"), default="none",
+                        help="the WebRTC caller plays the reply's packets as they arrive (none: as the /ws caller "
+                        "is measured, at arrival), or after aiortc's own buffer of 4 packets (80 ms)")
     args = parser.parse_args()
+    global WEBRTC_AS_ARRIVED
+    WEBRTC_AS_ARRIVED = args.webrtc_jitter_buffer == "none"
     transports = ["ws", "twilio"] if args.transport == "both" else args.transport.split(",")
-    if not transports or set(transports) - {"ws", "twilio", "realtime"}:
-        parser.error(f"--transport {args.transport!r}: ws, twilio, realtime, or a comma-separated list of them")
+    if not transports or set(transports) - {"ws", "twilio", "realtime", "webrtc"}:
+        parser.error(f"--transport {args.transport!r}: ws, twilio, realtime, webrtc, or a comma-separated list")
     global VOICE, NOISE
     VOICE = args.voice
     print(f"CPU: {cpu.describe()}; caller voice: {VOICE}")
@@ -633,7 +705,7 @@ def main() -> None:
                 for transport in transports:
                     label = transport + suffix if len(transports) > 1 else name
                     urls[label] = (server.ws_url if transport == "ws" else server if transport == "twilio"
-                                   else ("realtime", server))
+                                   else (transport, server))
             results = asyncio.run(run(with_noisy(urls), args.repeat, args.rate))
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "voice": VOICE, "noise": args.noise,

@@ -18,6 +18,8 @@ import numpy as np
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from app.transports.webrtc.media import play_as_arrived
+
 MIC_RATE = 16000
 FRAME = MIC_RATE // 50  # 20 ms
 
@@ -39,7 +41,10 @@ class Microphone(MediaStreamTrack):
         played out."""
         scale = 32768.0 if np.issubdtype(samples.dtype, np.integer) else 1.0
         self.pending = np.concatenate([self.pending, samples.astype(np.float32) / scale])
-        return time.monotonic() + len(self.pending) / MIC_RATE
+        if self.start is None:
+            return time.monotonic() + len(self.pending) / MIC_RATE
+        # frame k leaves at start + k * 20 ms; the queue starts with the next frame
+        return self.start + (self.frames * FRAME + len(self.pending)) / MIC_RATE
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
@@ -68,12 +73,21 @@ class Heard:
 
     rate: int = 48000
     frames: list[tuple[float, np.ndarray]] = field(default_factory=list)
+    missing: list[tuple[float, float]] = field(default_factory=list)  # (arrival, seconds lost just before it)
 
     def loud_since(self, since: float, level: float = 0.01) -> float | None:
         """When the first frame after `since` with sound (peak over `level`) arrived."""
         for at, samples in self.frames:
             if at >= since and len(samples) and float(np.max(np.abs(samples))) > level:
                 return at
+        return None
+
+    def first_sample_at(self, since: float, level: float = 0.01) -> float | None:
+        """When the first sample over `level` after `since` played: its frame's arrival plus its place in it
+        (a frame plays as it arrives, from the track's jitter buffer)."""
+        for at, samples in self.frames:
+            if at >= since and len(loud := np.flatnonzero(np.abs(samples) > level)):
+                return at + float(loud[0]) / self.rate
         return None
 
     def seconds_loud(self, since: float, level: float = 0.01) -> float:
@@ -83,8 +97,10 @@ class Heard:
 class WebRTCCaller:
     """`channel`: "oai-events" for /v1/realtime/calls, "events" for the native /webrtc/calls."""
 
-    def __init__(self, base_url: str, key: str | None = None, channel: str = "oai-events") -> None:
+    def __init__(self, base_url: str, key: str | None = None, channel: str = "oai-events",
+                 as_arrived: bool = False) -> None:
         self.base_url = base_url
+        self.as_arrived = as_arrived  # play the reply's packets as they arrive, not after aiortc's 80 ms buffer
         self.key = key
         self.label = channel
         self.pc = RTCPeerConnection()
@@ -97,6 +113,8 @@ class WebRTCCaller:
     async def call(self, session: dict[str, Any] | None = None, path: str = "/v1/realtime/calls") -> httpx.Response:
         """Offer, POST, answer. The HTTP response (201 with SDP when the call is taken)."""
         self.pc.addTrack(self.mic)
+        if self.as_arrived:
+            play_as_arrived(self.pc)
         channel = self.pc.createDataChannel(self.label)
         self.channel = channel
 
@@ -128,10 +146,15 @@ class WebRTCCaller:
 
     async def _listen(self, track: MediaStreamTrack) -> None:
         resampler = av.AudioResampler(format="s16", layout="mono", rate=self.heard.rate)
+        expected: int | None = None  # the next frame's RTP-based pts
         try:
             while True:
                 frame = await track.recv()
                 now = time.monotonic()
+                if frame.pts is not None and expected is not None and 0 < frame.pts - expected < frame.sample_rate:
+                    self.heard.missing.append((now, (frame.pts - expected) / frame.sample_rate))
+                if frame.pts is not None:
+                    expected = frame.pts + frame.samples
                 for out in resampler.resample(frame):
                     self.heard.frames.append((now, out.to_ndarray().reshape(-1).astype(np.float32) / 32768))
         except MediaStreamError:

@@ -157,7 +157,7 @@ async def test_an_offer_without_a_data_channel_is_refused(served: str) -> None:
 async def test_the_native_protocol_over_webrtc_takes_the_pages_one_use_token(served: str) -> None:
     async with httpx.AsyncClient(base_url=served) as http:
         token = (await http.post("/api/session-token", headers={"authorization": f"Bearer {KEY}"})).json()["token"]
-    caller = WebRTCCaller(served, channel="events")
+    caller = WebRTCCaller(served, channel="events", as_arrived=True)
     try:
         reply = await caller.call(path=f"/webrtc/calls?token={token}")
         assert reply.status_code == 201, reply.text

@@ -17,7 +17,10 @@ from collections.abc import Awaitable, Callable
 
 import av
 import numpy as np
+from aiortc import RTCPeerConnection
+from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtp import RtpPacket
 
 from core.clock import Clock
 from models.protocols import Audio
@@ -25,6 +28,43 @@ from models.protocols import Audio
 log = logging.getLogger(__name__)
 FRAME_S = 0.02  # the reply's frames: 20 ms, Opus's and G.711's usual packet
 MAX_GAP_S = 1.0  # the longest stretch of lost packets filled with silence (a longer jump: the clock restarts)
+
+
+class AsArrived:
+    """The caller's RTP packets to the decoder as they arrive, for a receiver that is no player. aiortc's
+    audio jitter buffer holds back 4 packets (80 ms) and, on a lost one, stalls until 16 more have come
+    (320 ms): delay the session would add to every turn's end. The session keeps no playback clock, so
+    it needs no buffer: a lost packet becomes silence of its length (CallerAudio, by RTP timestamps),
+    and one that arrives after a later one, or twice, is dropped."""
+
+    def __init__(self) -> None:
+        self.last: int | None = None  # the newest sequence number passed on
+
+    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
+        """(whether to ask for a picture: never, for audio; the frame to decode, or None)."""
+        if self.last is not None and not 0 < (packet.sequence_number - self.last) % 65536 < 32768:
+            return False, None  # late or repeated
+        self.last = packet.sequence_number
+        data: bytes = getattr(packet, "_data", b"")  # the receiver's depayloaded codec frame
+        return False, JitterFrame(data=data, timestamp=packet.timestamp)
+
+
+def play_as_arrived(pc: RTCPeerConnection) -> bool:
+    """Give `pc`'s audio receivers AsArrived instead of aiortc's jitter buffer (through its private
+    attribute: aiortc has no setting for it). False, and the default kept, where that attribute is not
+    there (another aiortc version)."""
+    done = True
+    for transceiver in pc.getTransceivers():
+        receiver = transceiver.receiver
+        if transceiver.kind != "audio":
+            continue
+        if hasattr(receiver, "_RTCRtpReceiver__jitter_buffer"):
+            receiver._RTCRtpReceiver__jitter_buffer = AsArrived()
+        else:
+            done = False
+    if not done:
+        log.warning("this aiortc has no audio jitter buffer to replace: the caller's audio comes 80 ms late")
+    return done
 
 
 class ReplyTrack(MediaStreamTrack):

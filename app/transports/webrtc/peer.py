@@ -29,7 +29,7 @@ from app.security.limits import Slot
 from app.settings import WebRTCConfig
 from app.transports.call import Call, Wire
 from app.transports.webrtc.channel import ChannelSocket
-from app.transports.webrtc.media import CallerAudio, ReplyTrack
+from app.transports.webrtc.media import CallerAudio, ReplyTrack, play_as_arrived
 
 log = logging.getLogger(__name__)
 TRACK_INPUT_RATE = 16000  # the caller's track, resampled from its codec's rate to the VAD's
@@ -143,6 +143,7 @@ async def _connect(call: Call, socket: ChannelSocket, pc: RTCPeerConnection, tra
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         pc.addTrack(track)  # on the offer's audio transceiver: the reply goes back on it
+        play_as_arrived(pc)
         async with asyncio.timeout(config.ice_gathering_timeout_s):
             await pc.setLocalDescription(await pc.createAnswer())
     except (ValueError, TimeoutError, AttributeError, KeyError) as exc:
