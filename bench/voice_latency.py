@@ -137,19 +137,17 @@ def first_audible(chunks: list[tuple[float, bytes]], rate: int, dbfs: float = AU
     return None
 
 
-def gaps_heard(pieces: list[tuple[float, float]], missing: list[float] = ()) -> dict[str, float]:
-    """The gaps a caller hears in a reply played as it arrives: `pieces` (arrival time, seconds of audio)
-    in order, each played as soon as it has arrived and the one before has played; a wait over 10 ms
-    for a late piece is a gap, and so is audio that never came (`missing`, seconds: RTP packets lost or
-    dropped as too late)."""
+def gaps_heard(pieces: list[tuple[float, float]]) -> dict[str, float]:
+    """The gaps a caller hears in a reply played as it arrives (the /ws page: the server sends it up to
+    session.output_lead_ms ahead): `pieces` (arrival time, seconds of audio) in order, each played as
+    soon as it has arrived and the one before has played; a wait over 10 ms for a late piece is a gap."""
     waits: list[float] = []
     clock: float | None = None
     for at, seconds in pieces:
         if clock is not None and at > clock + 0.01:
             waits.append(at - clock)
         clock = at + seconds if clock is None else max(clock, at) + seconds
-    lost = [m for m in missing if m > 0.01]
-    return {"gaps": len(waits) + len(lost), "gap_ms": round(1000 * (sum(waits) + sum(lost)), 1)}
+    return {"gaps": len(waits), "gap_ms": round(1000 * sum(waits), 1)}
 
 
 def timeline(true_end: float, received: list[Any], done: dict, rate: int) -> dict[str, float | None]:
@@ -160,6 +158,18 @@ def timeline(true_end: float, received: list[Any], done: dict, rate: int) -> dic
     stopped = next((r.at for r in received if r.event and r.event.get("type") == "speech.stopped"
                     and r.at > true_end - 1), None)
     heard = first_audible(audio, rate)
+    return {
+        **server_timeline(done),
+        "decision_received": None if stopped is None else round((stopped - true_end) * 1000, 1),
+        "first_audio_received": round((audio[0][0] - true_end) * 1000, 1) if audio else None,
+        "first_audible": None if heard is None else round((heard - true_end) * 1000, 1),
+    }
+
+
+def server_timeline(done: dict) -> dict[str, float | None]:
+    """The turn's marks from the native `response.done`, in ms since the true end of speech as the server
+    estimates it (by the caller's audio): the pause heard, the words weighed, the decision, the first
+    reply audio sent."""
     marks, decision = done.get("latency_ms", {}), done.get("endpointing_ms", {})
     server_end = done.get("voice_to_voice_ms")
     # the server's clock: speech_end is decision 0; its estimate of the true end is first_audio_sent - v2v
@@ -173,10 +183,7 @@ def timeline(true_end: float, received: list[Any], done: dict, rate: int) -> dic
         "pause_heard": since_true_end("pause_heard", decision),
         "words_weighed": since_true_end("words_weighed", decision),
         "decided": None if offset is None else round(-offset, 1),
-        "decision_received": None if stopped is None else round((stopped - true_end) * 1000, 1),
         "first_audio_sent": since_true_end("first_audio_sent", marks),
-        "first_audio_received": round((audio[0][0] - true_end) * 1000, 1) if audio else None,
-        "first_audible": None if heard is None else round((heard - true_end) * 1000, 1),
     }
 
 
@@ -365,14 +372,45 @@ async def one_realtime_call(server: Server, question: str, tmp: Path) -> dict:
     }
 
 
+def webrtc_playout(heard: Any, true_end: float, level: float, frame_s: float = 0.02) -> dict[str, Any]:
+    """The reply as a browser's jitter buffer plays it (`heard`: tests/webrtc_caller.Heard). Frame k plays
+    at its place in the stream (its RTP time) plus the link's offset and a delay that covers the link's
+    jitter as the buffer learnt it on the 2 s of the stream before the reply (the server sends silence
+    between replies): the 95th percentile of how much later than the earliest the frames came. A
+    frame of the reply that comes after its time, or never, is concealed: a gap heard."""
+    frames = [(at, s, p) for (at, s), p in zip(heard.frames, heard.pts, strict=True) if p is not None]
+    reply = [(at, s, p) for at, s, p in frames if at > true_end and np.abs(s).max(initial=0) > level]
+    if not reply:
+        return {"first_audible": None, "gaps": 0, "gap_ms": 0.0, "buffer_ms": None}
+    first_at = min(at for at, _, _ in reply)
+    before = sorted(at - p for at, _, p in frames if first_at - 2.0 <= at < first_at)
+    base = before[0] if before else min(at - p for at, _, p in reply)
+    buffer = before[round(0.95 * (len(before) - 1))] - base if before else 0.0
+    arrivals = {round(p, 3): at for at, _, p in frames}
+    start, end = min(p for _, _, p in reply), max(p for _, _, p in reply)
+    at, samples, _ = next(f for f in reply if f[2] == start)
+    loud = np.flatnonzero(np.abs(samples) > level)
+    audible = max(start + base + buffer, at) + float(loud[0]) / heard.rate
+    gaps, gap_s, in_gap = 0, 0.0, False
+    for k in range(round((end - start) / frame_s) + 1):
+        place = start + k * frame_s
+        came = arrivals.get(round(place, 3))
+        bad = came is None or came > place + base + buffer + 0.001
+        gaps += bad and not in_gap
+        gap_s += frame_s if bad else 0.0
+        in_gap = bad
+    return {"first_audible": audible, "gaps": gaps, "gap_ms": round(1000 * gap_s, 1),
+            "buffer_ms": round(1000 * buffer, 1)}
+
+
 WEBRTC_AS_ARRIVED = True  # --webrtc-jitter-buffer aiortc: the caller holds 4 packets before playing, as aiortc does
 
 
 async def one_webrtc_call(server: Server, question: str, tmp: Path) -> dict:
     """A question over WebRTC with an aiortc caller (tests/webrtc_caller.py) as the page makes it: POST
     /webrtc/calls, Opus both ways, the native protocol's events on the data channel (the same wire as
-    /ws, so only the transport differs). The reply is heard at its first audible sample out of the
-    caller's track."""
+    /ws, so only the transport differs). The reply is heard at its first audible sample as a jitter
+    buffer plays it (webrtc_playout)."""
     from tests.webrtc_caller import MIC_RATE, WebRTCCaller
 
     samples = question_audio(question, tmp, MIC_RATE)
@@ -390,12 +428,10 @@ async def one_webrtc_call(server: Server, question: str, tmp: Path) -> dict:
         true_end = clip_end - (len(audio) / MIC_RATE - end_in_clip)
         done = await caller.wait_for("response.done", 120)
         final = [e for e in caller.events if e["type"] == "transcript.final"]
-        audible = caller.heard.first_sample_at(true_end, 10 ** (AUDIBLE_DBFS / 20))
+        await asyncio.sleep(0.5)  # the rest of the reply's first words arrive
+        played = webrtc_playout(caller.heard, true_end, 10 ** (AUDIBLE_DBFS / 20))
+        audible = played["first_audible"]
         received = next((at for at, s in caller.heard.frames if at > true_end and s.any()), None)
-        loud = [at for at, s in caller.heard.frames if at > true_end and np.abs(s).max(initial=0) > 0.01]
-        span = (loud[0], loud[-1]) if loud else (0.0, -1.0)  # the reply: its first sound to its last
-        within = [(at, len(s) / caller.heard.rate) for at, s in caller.heard.frames if span[0] <= at <= span[1]]
-        lost = [m for at, m in caller.heard.missing if span[0] <= at <= span[1]]
     finally:
         await caller.close()
     return {
@@ -404,9 +440,10 @@ async def one_webrtc_call(server: Server, question: str, tmp: Path) -> dict:
         "status": done["status"], "marks": done["latency_ms"], "server_v2v": done.get("voice_to_voice_ms"),
         "true_v2v": (audible - true_end) * 1000 if audible else None,
         "tokens_per_second": done.get("llm", {}).get("tokens_per_second"), "underruns": done.get("underruns"),
-        "timeline": {"first_audio_received": None if received is None else round((received - true_end) * 1000, 1),
+        "timeline": {**server_timeline(done),
+                     "first_audio_received": None if received is None else round((received - true_end) * 1000, 1),
                      "first_audible": None if audible is None else round((audible - true_end) * 1000, 1)},
-        **gaps_heard(within, lost),
+        "gaps": played["gaps"], "gap_ms": played["gap_ms"], "jitter_buffer_ms": played["buffer_ms"],
     }
 
 

@@ -58,9 +58,10 @@ async def one(transport: str, server: Server, question: str, tmp: Path, link: Im
     return {**result, "transport": transport, "word_errors": errors, "words": words}
 
 
-async def run(server: Server, repeat: int, tmp: Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {name: {t: [] for t in TRANSPORTS} for name in LINKS}
-    for name, link in LINKS.items():
+async def run(server: Server, repeat: int, tmp: Path,
+              links: dict[str, Impairment]) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {name: {t: [] for t in TRANSPORTS} for name in links}
+    for name, link in links.items():
         print(f"\nlink: {name} ({link.describe()})", flush=True)
         for round_ in range(repeat):
             for i, question in enumerate(latency.QUESTIONS):
@@ -118,22 +119,34 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2, help="rounds of the 8 questions per link")
     parser.add_argument("--voice", default="hibari", help="the caller's voice (bench/voice_latency.py --voice)")
     parser.add_argument("--json", help="also write every turn and the table to this file")
+    parser.add_argument("--link", action="append", choices=list(LINKS), help="only these links (default: all)")
+    parser.add_argument("--set", action="append", default=[], metavar="VOICE_AGENT_X=Y",
+                        help="a server setting, e.g. VOICE_AGENT_WEBRTC__REORDER_MS=200")
     args = parser.parse_args()
     if os.environ.get(INSIDE) != "1":
         return reexec_in_namespace()
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    # ICE leaves out loopback: an address of another interface for its host candidates (a bridge with no
+    # ports: these kernels have no dummy interface); packets to it still go over loopback, impaired
+    subprocess.run(["ip", "link", "add", "va0", "type", "bridge"], check=True)
+    subprocess.run(["ip", "addr", "add", "10.99.0.1/24", "dev", "va0"], check=True)
+    subprocess.run(["ip", "link", "set", "va0", "up"], check=True)
     latency.VOICE = args.voice
     print(f"CPU: {cpu.describe()}; caller voice: {args.voice}; WebRTC caller plays packets as they arrive")
     with tempfile.TemporaryDirectory() as tmp:
-        server, proc = start_server(Path(tmp), env={"VOICE_AGENT_LLM__TEMPERATURE": "0"})
+        settings = {"VOICE_AGENT_LLM__TEMPERATURE": "0", **dict(s.split("=", 1) for s in args.set)}
+        print("server settings:", settings)
+        server, proc = start_server(Path(tmp), env=settings)
+        links = {name: LINKS[name] for name in args.link or LINKS}
         try:
-            results = asyncio.run(run(server, args.repeat, Path(tmp)))
+            results = asyncio.run(run(server, args.repeat, Path(tmp), links))
         finally:
             stop_server(proc)
     figures = table(results)
     if args.json:
-        links = {name: {k: v for k, v in vars(link).items() if k != "rng"} for name, link in LINKS.items()}
-        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "voice": args.voice, "links": links,
+        described = {name: {k: v for k, v in vars(link).items() if k != "rng"} for name, link in links.items()}
+        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "voice": args.voice, "links": described,
+                                               "settings": settings,
                                                "figures": figures, "turns": results}, indent=1, default=str))
         print(f"wrote {args.json}")
 

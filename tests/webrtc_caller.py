@@ -74,6 +74,7 @@ class Heard:
     rate: int = 48000
     frames: list[tuple[float, np.ndarray]] = field(default_factory=list)
     missing: list[tuple[float, float]] = field(default_factory=list)  # (arrival, seconds lost just before it)
+    pts: list[float | None] = field(default_factory=list)  # each frame's place in the stream, s (RTP-based)
 
     def loud_since(self, since: float, level: float = 0.01) -> float | None:
         """When the first frame after `since` with sound (peak over `level`) arrived."""
@@ -155,8 +156,11 @@ class WebRTCCaller:
                     self.heard.missing.append((now, (frame.pts - expected) / frame.sample_rate))
                 if frame.pts is not None:
                     expected = frame.pts + frame.samples
-                for out in resampler.resample(frame):
-                    self.heard.frames.append((now, out.to_ndarray().reshape(-1).astype(np.float32) / 32768))
+                place = None if frame.pts is None else frame.pts / frame.sample_rate
+                pieces = [out.to_ndarray().reshape(-1).astype(np.float32) / 32768 for out in resampler.resample(frame)]
+                samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+                self.heard.frames.append((now, samples))
+                self.heard.pts.append(place)
         except MediaStreamError:
             pass
 

@@ -3,8 +3,8 @@ frame, by the injected clock), and the caller's track read into the session.
 
 What was heard is what the track handed to the sender: a barge-in drops the rest at once (`clear`),
 and the session is told, as a phone's marks tell it, how much of each turn's reply went out
-(`on_played`). The caller's audio is placed by its RTP timestamps: a packet lost on the way leaves
-silence of its own length, so the endpointing's clock stays the caller's."""
+(`on_played`). The caller's audio is put in the order of its RTP timestamps: a packet lost on the way
+leaves silence of its own length, so the endpointing's clock stays the caller's."""
 
 from __future__ import annotations
 
@@ -33,33 +33,53 @@ MAX_GAP_S = 1.0  # the longest stretch of lost packets filled with silence (a lo
 class AsArrived:
     """The caller's RTP packets to the decoder as they arrive, for a receiver that is no player. aiortc's
     audio jitter buffer holds back 4 packets (80 ms) and, on a lost one, stalls until 16 more have come
-    (320 ms): delay the session would add to every turn's end. The session keeps no playback clock, so
-    it needs no buffer: a lost packet becomes silence of its length (CallerAudio, by RTP timestamps),
-    and one that arrives after a later one, or twice, is dropped."""
+    (320 ms): delay the session would add to every turn's end. Here only a repeated packet is dropped;
+    CallerAudio puts the decoded frames back in order, waiting a little for a late one."""
 
     def __init__(self) -> None:
-        self.last: int | None = None  # the newest sequence number passed on
+        self.recent: deque[int] = deque(maxlen=64)  # the sequence numbers passed on lately
 
     def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
         """(whether to ask for a picture: never, for audio; the frame to decode, or None)."""
-        if self.last is not None and not 0 < (packet.sequence_number - self.last) % 65536 < 32768:
-            return False, None  # late or repeated
-        self.last = packet.sequence_number
+        if packet.sequence_number in self.recent:
+            return False, None
+        self.recent.append(packet.sequence_number)
         data: bytes = getattr(packet, "_data", b"")  # the receiver's depayloaded codec frame
         return False, JitterFrame(data=data, timestamp=packet.timestamp)
 
 
+class UnwrappedTimestamps:
+    """RTP timestamps from 0, unwrapped by the shortest way round: a packet older than the last one (out
+    of order) gets a smaller one. aiortc's own mapper, made for packets in order, takes any older
+    timestamp for a wrap of the 32-bit clock and moves every later one 2^32 on."""
+
+    def __init__(self) -> None:
+        self.origin: int | None = None
+        self.last = 0  # the last timestamp as it came
+        self.unwrapped = 0  # and unwrapped
+
+    def map(self, timestamp: int) -> int:
+        if self.origin is None:
+            self.origin = self.last = self.unwrapped = timestamp
+        else:
+            step = (timestamp - self.last) % (1 << 32)
+            self.unwrapped += step - (1 << 32) if step >= 1 << 31 else step
+            self.last = timestamp
+        return self.unwrapped - self.origin
+
+
 def play_as_arrived(pc: RTCPeerConnection) -> bool:
-    """Give `pc`'s audio receivers AsArrived instead of aiortc's jitter buffer (through its private
-    attribute: aiortc has no setting for it). False, and the default kept, where that attribute is not
-    there (another aiortc version)."""
+    """Give `pc`'s audio receivers AsArrived instead of aiortc's jitter buffer, and timestamps that
+    allow for packets out of order (through their private attributes: aiortc has no setting for them).
+    False, and the defaults kept, where those attributes are not there (another aiortc version)."""
     done = True
     for transceiver in pc.getTransceivers():
         receiver = transceiver.receiver
         if transceiver.kind != "audio":
             continue
-        if hasattr(receiver, "_RTCRtpReceiver__jitter_buffer"):
-            receiver._RTCRtpReceiver__jitter_buffer = AsArrived()
+        if all(hasattr(receiver, f"_RTCRtpReceiver__{name}") for name in ("jitter_buffer", "timestamp_mapper")):
+            setattr(receiver, "_RTCRtpReceiver__jitter_buffer", AsArrived())  # noqa: B010 (a private name)
+            setattr(receiver, "_RTCRtpReceiver__timestamp_mapper", UnwrappedTimestamps())  # noqa: B010
         else:
             done = False
     if not done:
@@ -158,16 +178,22 @@ class ReplyTrack(MediaStreamTrack):
 
 class CallerAudio:
     """Reads the caller's track into `feed` as float32 mono at `rate`, whatever the codec (Opus at
-    48 kHz stereo, G.711 at 8 kHz), with lost packets filled with silence by their RTP timestamps."""
+    48 kHz stereo, G.711 at 8 kHz), in the order of its RTP timestamps. A frame in its place goes on at
+    once; one that comes early waits for the missing ones before it, until frames `reorder_s` past them
+    have come: then the missing ones were lost, and their place is filled with silence of their length
+    (one that comes after that is dropped)."""
 
-    def __init__(self, track: MediaStreamTrack, feed: Callable[[Audio], Awaitable[None]], rate: int) -> None:
+    def __init__(self, track: MediaStreamTrack, feed: Callable[[Audio], Awaitable[None]], rate: int,
+                 reorder_s: float = 0.06) -> None:
         self.track = track
         self.feed = feed
         self.rate = rate
+        self.reorder_s = reorder_s
         self.resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
         self.next_pts: int | None = None  # where the next frame should start, in its own rate's samples
+        self.waiting: dict[int, av.AudioFrame] = {}  # frames that came before a missing one, by pts
         self.filled_s = 0.0  # silence put in for lost packets, for the log
-        self.frames = 0
+        self.frames = self.late = 0
 
     async def run(self) -> None:
         """Until the track ends."""
@@ -176,16 +202,36 @@ class CallerAudio:
                 frame = await self.track.recv()
                 if isinstance(frame, av.AudioFrame):
                     await self.take(frame)
-        log.info("the caller's track ended after %d frames (%.2f s of lost packets filled)", self.frames,
-                 self.filled_s)
+        log.info("the caller's track ended after %d frames (%.2f s of lost packets filled, %d frames too late)",
+                 self.frames, self.filled_s, self.late)
 
     async def take(self, frame: av.AudioFrame) -> None:
         self.frames += 1
-        if frame.pts is not None and self.next_pts is not None:
-            gap = (frame.pts - self.next_pts) / frame.sample_rate
-            if 0 < gap <= MAX_GAP_S:
-                self.filled_s += gap
-                await self.feed(np.zeros(round(gap * self.rate), dtype=np.float32))
+        if frame.pts is None:
+            return await self._play(frame)
+        rate = frame.sample_rate
+        if self.next_pts is None or abs(frame.pts - self.next_pts) > MAX_GAP_S * rate:
+            # the first frame, or a jump (the sender's clock started again): placed from here
+            for pts in sorted(self.waiting):
+                await self._play(self.waiting.pop(pts))
+            self.next_pts = frame.pts
+        if frame.pts < self.next_pts:
+            self.late += 1  # its place was filled already
+            return
+        self.waiting[frame.pts] = frame
+        while self.waiting:
+            if self.next_pts in self.waiting:
+                await self._play(self.waiting.pop(self.next_pts))
+                continue
+            if (max(self.waiting) - self.next_pts) / rate < self.reorder_s:
+                return  # the missing frame may still come
+            first = min(self.waiting)
+            gap = (first - self.next_pts) / rate
+            self.filled_s += gap
+            await self.feed(np.zeros(round(gap * self.rate), dtype=np.float32))
+            self.next_pts = first
+
+    async def _play(self, frame: av.AudioFrame) -> None:
         if frame.pts is not None:
             self.next_pts = frame.pts + frame.samples
         for out in self.resampler.resample(frame):

@@ -132,7 +132,8 @@ async def _connect(call: Call, socket: ChannelSocket, pc: RTCPeerConnection, tra
     @pc.on("track")
     def on_track(remote: MediaStreamTrack) -> None:
         if remote.kind == "audio" and not readers:
-            readers.append(asyncio.create_task(CallerAudio(remote, wire.track_audio, TRACK_INPUT_RATE).run()))
+            reader = CallerAudio(remote, wire.track_audio, TRACK_INPUT_RATE, config.reorder_ms / 1000)
+            readers.append(asyncio.create_task(reader.run()))
 
     @pc.on("connectionstatechange")
     async def on_state() -> None:
