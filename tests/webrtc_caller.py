@@ -15,7 +15,7 @@ from typing import Any
 import av
 import httpx
 import numpy as np
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from app.transports.webrtc.media import play_as_arrived
@@ -99,9 +99,10 @@ class WebRTCCaller:
     """`channel`: "oai-events" for /v1/realtime/calls, "events" for the native /webrtc/calls."""
 
     def __init__(self, base_url: str, key: str | None = None, channel: str = "oai-events",
-                 as_arrived: bool = False) -> None:
+                 as_arrived: bool = False, codec: str | None = None) -> None:
         self.base_url = base_url
         self.as_arrived = as_arrived  # play the reply's packets as they arrive, not after aiortc's 80 ms buffer
+        self.codec = codec  # offer only this audio codec ("audio/PCMU": a SIP-style peer), or all aiortc has
         self.key = key
         self.label = channel
         self.pc = RTCPeerConnection()
@@ -113,7 +114,11 @@ class WebRTCCaller:
 
     async def call(self, session: dict[str, Any] | None = None, path: str = "/v1/realtime/calls") -> httpx.Response:
         """Offer, POST, answer. The HTTP response (201 with SDP when the call is taken)."""
-        self.pc.addTrack(self.mic)
+        sender = self.pc.addTrack(self.mic)
+        if self.codec is not None:
+            transceiver = next(t for t in self.pc.getTransceivers() if t.sender is sender)
+            codecs = RTCRtpSender.getCapabilities("audio").codecs
+            transceiver.setCodecPreferences([c for c in codecs if c.mimeType == self.codec])
         if self.as_arrived:
             play_as_arrived(self.pc)
         channel = self.pc.createDataChannel(self.label)

@@ -62,6 +62,22 @@ async def test_a_call_is_answered_and_its_reply_is_heard_on_the_track(served: st
         await caller.close()
 
 
+async def test_a_peer_that_offers_only_g711_is_answered_in_it(served: str) -> None:
+    caller = WebRTCCaller(served, KEY, codec="audio/PCMU")
+    try:
+        answer = await caller.call()
+        assert answer.status_code == 201, answer.text
+        rtpmaps = [line for line in answer.text.splitlines() if line.startswith("a=rtpmap:")]
+        assert rtpmaps and all("PCMU/8000" in line for line in rtpmaps), rtpmaps
+        await caller.wait_for("session.created", 15)
+        caller.mic.say(tone(0.6))
+        done = await caller.wait_for("response.done", 20)
+        assert done["response"]["status"] == "completed", done
+        assert caller.heard.seconds_loud(0.0) > 0.5
+    finally:
+        await caller.close()
+
+
 async def test_speech_over_the_reply_clears_the_track_and_keeps_what_went_out(served: str) -> None:
     caller = WebRTCCaller(served, KEY)
     try:

@@ -184,7 +184,7 @@ class CallerAudio:
     (one that comes after that is dropped)."""
 
     def __init__(self, track: MediaStreamTrack, feed: Callable[[Audio], Awaitable[None]], rate: int,
-                 reorder_s: float = 0.06) -> None:
+                 reorder_s: float = 0.2) -> None:
         self.track = track
         self.feed = feed
         self.rate = rate
