@@ -129,3 +129,65 @@ def test_browser_call(server: Server, browser: Any, transport: str) -> None:
     while browser.execute_script("return window.voiceAgent.state") != "closed":
         assert time.monotonic() < deadline, "the page did not close after Stop:\n" + _report(browser, server, None)
         time.sleep(0.2)
+
+
+# OpenAI's documented browser flow for the Realtime API over WebRTC, as an app on the server's origin
+# runs it: the microphone as a track, the `oai-events` channel, the offer POSTed to /v1/realtime/calls
+# (this server has no keys; with keys the app sends an ephemeral `ek_` key), the answer set; the reply's
+# track is played by an <audio> element and tapped to hear it.
+REALTIME_FLOW_JS = """
+const done = arguments[arguments.length - 1];
+(async () => {
+  const flow = (window.realtimeFlow = { events: [], heardMs: 0, error: null });
+  const pc = new RTCPeerConnection();
+  const audio = document.createElement("audio");
+  audio.autoplay = true;
+  document.body.append(audio);
+  pc.ontrack = (e) => {
+    audio.srcObject = e.streams[0];
+    const ctx = new AudioContext();
+    const analyser = ctx.createAnalyser();
+    ctx.createMediaStreamSource(e.streams[0]).connect(analyser);
+    const samples = new Float32Array(analyser.fftSize);
+    setInterval(() => {
+      analyser.getFloatTimeDomainData(samples);
+      if (samples.some((s) => Math.abs(s) > 0.01)) flow.heardMs += 20;
+    }, 20);
+  };
+  const mic = await navigator.mediaDevices.getUserMedia({ audio: true });
+  pc.addTrack(mic.getTracks()[0]);
+  const dc = pc.createDataChannel("oai-events");
+  dc.addEventListener("message", (e) => flow.events.push(JSON.parse(e.data)));
+  const offer = await pc.createOffer();
+  await pc.setLocalDescription(offer);
+  const response = await fetch("/v1/realtime/calls", {
+    method: "POST", body: offer.sdp,
+    headers: { Authorization: "Bearer not-needed-here", "Content-Type": "application/sdp" },
+  });
+  flow.status = response.status;
+  await pc.setRemoteDescription({ type: "answer", sdp: await response.text() });
+})().then(() => done(true), (err) => { window.realtimeFlow.error = String(err); done(false); });
+"""
+
+
+def test_openais_browser_flow_calls_the_realtime_webrtc_endpoint(server: Server, browser: Any) -> None:
+    browser.get(server.base_url + "/")
+    browser.set_script_timeout(30)
+    started = browser.execute_async_script(REALTIME_FLOW_JS)
+    flow: dict[str, Any] = {}
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        flow = browser.execute_script("return window.realtimeFlow")
+        if flow["error"] or (any(e["type"] == "response.done" for e in flow["events"]) and flow["heardMs"] > 200):
+            break
+        time.sleep(0.5)
+    report = f"{json.dumps({**flow, 'events': [e['type'] for e in flow['events']]})}\n{console(browser)}"
+    assert started and flow["status"] == 201 and not flow["error"], report
+    kinds = [e["type"] for e in flow["events"]]
+    assert kinds[0] == "session.created", report
+    heard = [e["transcript"] for e in flow["events"]
+             if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert any("capital" in t.lower() and "france" in t.lower() for t in heard), report
+    done = next(e for e in flow["events"] if e["type"] == "response.done")
+    assert done["response"]["status"] == "completed", report
+    assert "output_audio_buffer.started" in kinds and flow["heardMs"] > 200, report  # the reply heard on the track
