@@ -70,7 +70,9 @@ async def test_the_info_log_of_a_real_call_holds_no_callers_words_keys_or_number
                      caller=number)
     await asyncio.sleep(0.4)
     await sim.say(speech_samples(SAID, tmp_path, 8000))
-    await stored_call(private_server, lambda call: said(call, "table"))
+    # the first turn kept, whatever the recognizer made of it (once "Please look available for my address"):
+    # what is checked below is that none of its words reach the log
+    await stored_call(private_server, lambda call: any(turn["user_text"] for turn in call["turns"]))
     await sim.wait_until(sim.heard_everything, 60)
     for key in KEYS:
         await sim.dtmf(key)
@@ -86,7 +88,7 @@ async def test_the_info_log_of_a_real_call_holds_no_callers_words_keys_or_number
     assert call["call"]["caller"] == number
     # the log holds none of it
     spoken = {w for w in words(transcript) if len(w) >= 4} - {"caller", "pressed", "phone", "keypad"}
-    assert "table" in spoken, transcript
+    assert len(spoken) >= 3, transcript  # words of the caller's own to keep out of the log
     for word in spoken:
         assert not re.search(rf"\b{re.escape(word)}\b", log, re.IGNORECASE), (word, log[-3000:])
     for pattern in PRIVATE:
