@@ -73,7 +73,6 @@ class Heard:
 
     rate: int = 48000
     frames: list[tuple[float, np.ndarray]] = field(default_factory=list)
-    missing: list[tuple[float, float]] = field(default_factory=list)  # (arrival, seconds lost just before it)
     pts: list[float | None] = field(default_factory=list)  # each frame's place in the stream, s (RTP-based)
 
     def loud_since(self, since: float, level: float = 0.01) -> float | None:
@@ -81,14 +80,6 @@ class Heard:
         for at, samples in self.frames:
             if at >= since and len(samples) and float(np.max(np.abs(samples))) > level:
                 return at
-        return None
-
-    def first_sample_at(self, since: float, level: float = 0.01) -> float | None:
-        """When the first sample over `level` after `since` played: its frame's arrival plus its place in it
-        (a frame plays as it arrives, from the track's jitter buffer)."""
-        for at, samples in self.frames:
-            if at >= since and len(loud := np.flatnonzero(np.abs(samples) > level)):
-                return at + float(loud[0]) / self.rate
         return None
 
     def seconds_loud(self, since: float, level: float = 0.01) -> float:
@@ -152,15 +143,10 @@ class WebRTCCaller:
 
     async def _listen(self, track: MediaStreamTrack) -> None:
         resampler = av.AudioResampler(format="s16", layout="mono", rate=self.heard.rate)
-        expected: int | None = None  # the next frame's RTP-based pts
         try:
             while True:
                 frame = await track.recv()
                 now = time.monotonic()
-                if frame.pts is not None and expected is not None and 0 < frame.pts - expected < frame.sample_rate:
-                    self.heard.missing.append((now, (frame.pts - expected) / frame.sample_rate))
-                if frame.pts is not None:
-                    expected = frame.pts + frame.samples
                 place = None if frame.pts is None else frame.pts / frame.sample_rate
                 pieces = [out.to_ndarray().reshape(-1).astype(np.float32) / 32768 for out in resampler.resample(frame)]
                 samples = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)

@@ -18,17 +18,23 @@ from tests.webrtc_caller import MIC_RATE, WebRTCCaller
 pytestmark = pytest.mark.slow
 
 
+async def connected(server: Server, session: dict | None = None) -> WebRTCCaller:
+    """A WebRTC call answered and its session created (with `session`'s settings), the line quiet a moment."""
+    caller = WebRTCCaller(server.base_url)
+    assert (await caller.call(session=session)).status_code == 201
+    await caller.wait_for("session.created", 30)
+    await asyncio.sleep(0.5)
+    return caller
+
+
 def transcript(done: dict) -> str:
     return " ".join(part.get("transcript") or part.get("text") or "" for item in done["response"]["output"]
                     if item["type"] == "message" for part in item["content"])
 
 
 async def test_a_spoken_question_is_answered_on_the_track(server: Server, tmp_path: Path) -> None:
-    caller = WebRTCCaller(server.base_url)
+    caller = await connected(server)
     try:
-        assert (await caller.call()).status_code == 201
-        await caller.wait_for("session.created", 30)
-        await asyncio.sleep(0.5)
         ended = caller.mic.say(flite_samples("What is the capital of Italy?", tmp_path, MIC_RATE))
         heard = await caller.wait_for("conversation.item.input_audio_transcription.completed", 60)
         assert {"capital", "italy"} <= set(words(heard["transcript"])), heard
@@ -44,13 +50,10 @@ async def test_a_spoken_question_is_answered_on_the_track(server: Server, tmp_pa
 
 
 async def test_the_caller_interrupts_a_story_and_the_track_goes_quiet(server: Server, tmp_path: Path) -> None:
-    caller = WebRTCCaller(server.base_url)
+    session = {"type": "realtime", "instructions": "You are a storyteller. Whatever you are asked, answer with "
+               "a long, detailed story of at least ten sentences."}
+    caller = await connected(server, session)
     try:
-        session = {"type": "realtime", "instructions": "You are a storyteller. Whatever you are asked, answer with "
-                   "a long, detailed story of at least ten sentences."}
-        assert (await caller.call(session=session)).status_code == 201
-        await caller.wait_for("session.created", 30)
-        await asyncio.sleep(0.5)
         caller.mic.say(flite_samples("Tell me a story about a brave little dragon.", tmp_path, MIC_RATE))
         started = await caller.wait_for("output_audio_buffer.started", 90)
         await asyncio.sleep(2.0)
@@ -69,18 +72,15 @@ async def test_the_caller_interrupts_a_story_and_the_track_goes_quiet(server: Se
 
 
 async def test_a_function_tool_runs_and_the_answer_uses_its_result(server: Server, tmp_path: Path) -> None:
-    caller = WebRTCCaller(server.base_url)
+    tool = {"type": "function", "name": "get_order_status",
+            "description": "Look up where a customer's order is, by its order number.",
+            "parameters": {"type": "object", "properties": {"order_number": {"type": "string"}},
+                           "required": ["order_number"]}}
+    session = {"type": "realtime", "tools": [tool], "instructions":
+               "You answer a shop's phone. To say where an order is, call get_order_status with its number, "
+               "then tell the caller what it says in one short sentence."}
+    caller = await connected(server, session)
     try:
-        tool = {"type": "function", "name": "get_order_status",
-                "description": "Look up where a customer's order is, by its order number.",
-                "parameters": {"type": "object", "properties": {"order_number": {"type": "string"}},
-                               "required": ["order_number"]}}
-        session = {"type": "realtime", "tools": [tool], "instructions":
-                   "You answer a shop's phone. To say where an order is, call get_order_status with its number, "
-                   "then tell the caller what it says in one short sentence."}
-        assert (await caller.call(session=session)).status_code == 201
-        await caller.wait_for("session.created", 30)
-        await asyncio.sleep(0.5)
         caller.mic.say(flite_samples("Where is my order? The number is 4 1 7 7 3.", tmp_path, MIC_RATE))
         asked = await caller.wait_for("response.function_call_arguments.done", 120)
         assert asked["name"] == "get_order_status"
