@@ -26,6 +26,7 @@ from app.transports.native import wire as native
 from app.transports.phone import telnyx, twilio
 from app.transports.realtime import secrets as realtime_secrets
 from app.transports.realtime import wire as realtime
+from app.transports.sip.calls import SipCalls
 from app.transports.webrtc import native as webrtc_native
 from app.transports.webrtc import realtime as webrtc_realtime
 from core.clock import Clock, MonotonicClock
@@ -55,10 +56,16 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
         server = runtime.settings.server
         metrics_server = (start_metrics_server(server.metrics_host, server.metrics_port, runtime.metrics.registry)
                           if server.metrics_port else None)
+        sip = None
+        if runtime.settings.sip.enabled:
+            sip = SipCalls(runtime)
+            await sip.start()
         try:
             yield
         finally:
             loading.cancel()
+            if sip is not None:
+                await sip.stop()
             if metrics_server is not None:
                 await asyncio.to_thread(metrics_server.close)
             await runtime.aclose()

@@ -231,6 +231,41 @@ class WebRTCConfig(BaseModel):
         "its answer is ended and its slot freed")
 
 
+class SipTrunk(BaseModel):
+    """The SIP trunk (or PBX) that calls out go through."""
+
+    address: str = Field("", description="host:port of the trunk's SIP server (UDP); empty: no calls out over SIP")
+    username: str = Field("", description="the trunk account's user, for digest authentication of calls out")
+    password: SecretStr = Field(SecretStr(""), description="the trunk account's password")
+    caller_id: str = Field("voice-agent", description="the From user of calls out (the number the callee sees)")
+
+
+class SipConfig(BaseModel):
+    """SIP calls in from a trunk or a PBX, and out through it (docs/sip.md)."""
+
+    enabled: bool = Field(False, description="listen for SIP INVITEs on sip.host:sip.port (UDP)")
+    host: str = Field("0.0.0.0", description="the address SIP and RTP listen on")
+    port: int = Field(5060, ge=1, le=65535, description="the SIP port (UDP)")
+    public_address: str = Field(
+        "", description="the address put in Contact and SDP for peers to reach; empty: sip.host, or this host's "
+        "address when sip.host is 0.0.0.0")
+    trusted_addresses: list[str] = Field(
+        default_factory=list, description="trunks let in by source address without digest authentication "
+        "(addresses or CIDR ranges, e.g. 10.0.0.0/8)")
+    username: str = Field("", description="calls in from other addresses must authenticate (digest) as this user; "
+                          "empty: they are refused (403)")
+    password: SecretStr = Field(SecretStr(""), description="the password of sip.username")
+    realm: str = Field("voice-agent", description="the digest realm of the challenge")
+    rtp_port_min: int = Field(0, ge=0, le=65535, description="the RTP port range (even ports); 0: any free port")
+    rtp_port_max: int = Field(0, ge=0, le=65535, description="the top of the RTP port range")
+    reorder_ms: int = Field(
+        60, ge=0, le=1000, description="a caller's RTP packet this late takes its place still; later, its place "
+        "is silence (a trunk rarely reorders; 60 ms is three packets)")
+    rtp_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="a call whose caller sends no RTP this long is ended (BYE)")
+    trunk: SipTrunk = SipTrunk()
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="VOICE_AGENT_", env_nested_delimiter="__", extra="ignore")
 
@@ -251,6 +286,7 @@ class Settings(BaseSettings):
     phone: PhoneConfig = PhoneConfig()
     realtime: RealtimeConfig = RealtimeConfig()
     webrtc: WebRTCConfig = WebRTCConfig()
+    sip: SipConfig = SipConfig()
     storage: StorageConfig = StorageConfig()
     otel: OtelConfig = OtelConfig()
 

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 mode=${1:-serve}
 packages=(espeak-ng sox libspeexdsp1 cmake ninja-build build-essential)
 if [ "$mode" = "--test" ]; then
-  packages+=(chromium chromium-driver prometheus flite redis-server postgresql haproxy docker.io mmdebstrap)
+  packages+=(chromium chromium-driver prometheus flite sip-tester baresip-core redis-server postgresql haproxy docker.io mmdebstrap)
 fi
 
 missing=()

@@ -161,6 +161,7 @@ class Reply:
     run_tasks: list[asyncio.Task[ToolRun]] = field(default_factory=list)
     history_at: int = 0  # where its message (text and calls) and the results go in the history
     fixed_text: str | None = None  # said as is, without the LLM (the filler while a tool runs)
+    said_first: bool = False  # a fixed text said first on the call: the history keeps what was heard of it
     produced: asyncio.Event = field(default_factory=asyncio.Event)  # its generation is over
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # finished or cancelled
     status: str | None = None  # how it ended (completed, tool_calls, interrupted, failed); None while it runs

@@ -125,14 +125,15 @@ class Replies:
     async def start(self, turn: Turn, text: str | None, preemptive: bool = False, step: int = 1,
                     fixed_text: str | None = None, instructions: str | None = None,
                     in_history: bool = True, context: tuple[ChatMessage, ...] | None = None,
-                    tools: Tools | Literal["call"] | None = "call") -> None:
+                    tools: Tools | Literal["call"] | None = "call", said_first: bool = False) -> None:
         """Start the reply line for the caller's words. A preemptive reply (at a pause, on the early
         transcript) runs the LLM and TTS at once but sends nothing until `confirm`; its words join
         the history only then. `text` None: a reply to the same turn (a follow-up to tool results,
         step > 1, or the `fixed_text` filler). `instructions`: this reply's system prompt;
         `in_history` False: neither the words nor the reply join the history (an out-of-band reply).
         `context`: the messages it answers in place of the history's (a client's own input for one
-        response); `tools`: its own tools in place of the call's at this step ("call")."""
+        response); `tools`: its own tools in place of the call's at this step ("call"). `said_first`: the
+        `fixed_text` is the call's first message, kept in the history as far as it was heard."""
         if self.book.closed:
             log.info("turn %d: not answered: the caller has gone", turn.turn_id)
             return
@@ -153,7 +154,8 @@ class Replies:
             prompt = (ChatMessage("system", instructions), *prompt[1:])
         reply = Reply(turn, prompt=prompt, user_text=text or "", preemptive=preemptive, step=step,
                       fixed_text=fixed_text, offset_samples=turn.sent_samples, speaks=self.speaks,
-                      in_history=in_history, tools=self.tools(step) if tools == "call" else tools)
+                      in_history=in_history, tools=self.tools(step) if tools == "call" else tools,
+                      said_first=said_first)
         if not preemptive:
             reply.confirmed.set()
         self.current = reply
@@ -316,7 +318,7 @@ class Replies:
             self.conversation.set_deadline(None)
         text = reply.heard_text(status, self.clock.now(), self.rate)
         reply.kept_text = text
-        if (text and not reply.runs and reply.fixed_text is None and reply.in_history
+        if (text and not reply.runs and (reply.fixed_text is None or reply.said_first) and reply.in_history
                 and not reply.taken_back):  # calls': see _after_tools
             message = ChatMessage("assistant", text)
             self.history.keep(reply.turn.turn_id, message)

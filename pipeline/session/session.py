@@ -525,6 +525,16 @@ class Session:
                                  tools=tools)
         return turn.turn_id
 
+    async def say(self, text: str) -> int:
+        """Say `text` as is, without the LLM: a call's first message (an outbound call's opening
+        words). What the caller heard of it joins the history. Returns the turn's id (0: the caller
+        has gone)."""
+        if self.book.closed or not text.strip():
+            return 0
+        turn = self.book.new(self.clock.now())
+        await self.replies.start(turn, None, fixed_text=text.strip(), said_first=True)
+        return turn.turn_id
+
     def add_message(self, message: ChatMessage) -> int:
         """A message the client adds to the conversation as it is (an assistant's earlier words, a
         system note), answered by nothing; kept under a turn id of its own, which it returns."""

@@ -1,0 +1,1 @@
+"""SIP calls: trunks and PBXs in and out (docs/sip.md)."""
