@@ -18,13 +18,16 @@ log = logging.getLogger(__name__)
 
 
 class CallLog:
-    def __init__(self, runtime: Runtime, call_id: str, transport: str, caller: str | None = None) -> None:
+    def __init__(self, runtime: Runtime, call_id: str, transport: str, caller: str | None = None,
+                 placed: dict[str, Any] | None = None) -> None:
+        """`placed`: a call the service placed (POST /api/calls/outbound): who placed it, why, to whom;
+        kept in the record's settings under "placed" (outside the fingerprint, which is the setup's)."""
         self.store = runtime.store
         self.tracer = runtime.tracer
         kept = call_settings(runtime.settings)
         self.timeline = CallTimeline(started_at=utc_now(), started_mono=runtime.clock.now())
         self.call = CallRecord(call_id, transport, self.timeline.started_at, fingerprint=fingerprint(kept),
-                               settings=kept, caller=caller)
+                               settings={**kept, **({"placed": placed} if placed else {})}, caller=caller)
         self.recorder: CallRecorder | None = None
         self.ended_already = False
         if self.store is not None:

@@ -14,7 +14,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from app import health, openai_api, qa_api, qa_pages
+from app import health, openai_api, outbound, qa_api, qa_pages
 from app.metrics_server import metrics_route, start_metrics_server
 from app.redact import hold_value_loggers, install_log_redaction
 from app.runtime import Runtime
@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
                           if server.metrics_port else None)
         sip = None
         if runtime.settings.sip.enabled:
-            sip = SipCalls(runtime)
+            sip = app.state.sip = SipCalls(runtime)
             await sip.start()
         try:
             yield
@@ -91,6 +91,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app.include_router(openai_api.router)
     app.include_router(qa_api.router)
     app.include_router(qa_pages.router)
+    app.include_router(outbound.router)
     app.include_router(twilio.router)
     app.include_router(telnyx.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -77,6 +77,7 @@ MINTED_SESSION = "voice_agent.minted_session"  # scope key: an ephemeral key's s
 TAKE_CALL_SLOT = "voice_agent.take_call_slot"  # scope key: an HTTP-signalled call's place in its client's count
 REALTIME_CALLS_PATH = "/v1/realtime/calls"  # WebRTC calls (app/transports/webrtc/realtime.py)
 WEBRTC_CALLS_PATH = "/webrtc/calls"  # the page's WebRTC calls (app/transports/webrtc/native.py)
+OUTBOUND_CALLS_PATH = "/api/calls/outbound"  # calls the service places (app/outbound.py)
 RATE_LIMITS = "voice_agent.rate_limits"  # scope key: what the socket's client has left of its limits, asked later
 OPEN_PATHS = frozenset({"/", "/healthz", "/livez", "/readyz", "/api/auth", "/api/login", "/api/logout", "/twilio/voice",
                         "/twilio/media", "/telnyx/media"})
@@ -202,11 +203,11 @@ class Guard:
                 return False
         client = owner or address
         scope[CLIENT_KEY] = client
-        if path in (REALTIME_CALLS_PATH, WEBRTC_CALLS_PATH):  # a WebRTC call: its route takes its place in the
-            # client's count
+        if path in (REALTIME_CALLS_PATH, WEBRTC_CALLS_PATH, OUTBOUND_CALLS_PATH):  # a call signalled over HTTP: its
+            # route takes its place in the client's count
             counter = self.key_calls if owner else self.address_calls
             scope[TAKE_CALL_SLOT] = lambda: counter.enter(client, self.server.admission_wait_s)
-        if path.startswith("/v1/") or path in ("/api/login", WEBRTC_CALLS_PATH):
+        if path.startswith("/v1/") or path in ("/api/login", WEBRTC_CALLS_PATH, OUTBOUND_CALLS_PATH):
             wait = await self.api_requests.take(client)
             if wait:
                 retry = RateLimiter.retry_after(wait)

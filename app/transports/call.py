@@ -291,14 +291,14 @@ class Call:
     # -- the session ---------------------------------------------------------------------------------
     def start_session(self, outbound: Outbound, *, input_rate: int, output_rate: int, toolbox: ToolBox,
                       system_prompt: str | None = None, caller: str | None = None,
-                      config: PipelineConfig | None = None) -> Session:
+                      config: PipelineConfig | None = None, placed: dict[str, Any] | None = None) -> Session:
         """Start the call's session: its record, its resampler, its task. `config`: the call's own
-        settings (the server's, by default)."""
+        settings (the server's, by default); `placed`: who placed the call and why (an outbound call)."""
         runtime = self.runtime
         assert runtime.backends is not None and self.session is None
         self.started = True
         self.resampler = StreamResampler(input_rate, runtime.backends.vad.sample_rate)
-        self.call_log = CallLog(runtime, self.session_id, self.transport, caller=caller)
+        self.call_log = CallLog(runtime, self.session_id, self.transport, caller=caller, placed=placed)
         self.session = Session(
             runtime.backends, config or runtime.pipeline_config(), runtime.clock, outbound, output_rate=output_rate,
             input_rate=input_rate, system_prompt=system_prompt, on_turn=self.on_turn, tap=self.call_log.recorder,

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.datastructures import Address
@@ -22,9 +24,9 @@ from app.redact import mask_number
 from app.runtime import Runtime
 from app.transports.call import Call
 from app.transports.sip import sdp
-from app.transports.sip.endpoint import Invite, Signalling
+from app.transports.sip.endpoint import Invite, Progress, Signalling
 from app.transports.sip.line import DialogSocket, LineOutbound, LineWire
-from app.transports.sip.rtp import CODEC_NAMES, SAMPLE_RATE, RtpSession, open_rtp
+from app.transports.sip.rtp import CODEC_NAMES, PCMA, PCMU, SAMPLE_RATE, RtpSession, open_rtp
 from app.transports.webrtc.media import ReplyTrack
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ class SipCall:
         self.socket = DialogSocket(None, self._hang_up)
         self.call: Call | None = None
         self.hung_up = False
+        self.instructions: str | None = None  # the call's own system prompt (a call placed out)
 
     async def _hang_up(self, reason: str) -> None:
         """The server ends the call: BYE (sippy's dialog sends it)."""
@@ -52,6 +55,8 @@ class SipCall:
 
     def far_end_hung_up(self, why: str) -> None:
         self.hung_up = True
+        if self.call is not None:
+            self.call.end_reason = "hangup"
         self.socket.gone()
 
     async def watch_media(self) -> None:
@@ -68,14 +73,24 @@ class SipCall:
             await clock.sleep(min(1.0, timeout - silent))
 
 
+@dataclass
+class Dialing:
+    """A call being placed out: its line, and what became of it so far."""
+
+    line: SipCall
+    state: asyncio.Queue[Progress] = field(default_factory=asyncio.Queue)
+
+
 class SipCalls:
     """The server's SIP side: the signalling, and the calls on it (see the module doc)."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.config = runtime.settings.sip
-        self.signalling = Signalling(self.config, asyncio.get_running_loop(), self._invite, self._hangup)
+        self.signalling = Signalling(self.config, asyncio.get_running_loop(), self._invite, self._hangup,
+                                     self._progress)
         self.calls: dict[int, SipCall] = {}  # id(dialog) -> call
+        self.dialing: dict[int, Dialing] = {}  # id(dialog) -> a call placed out, until answered or failed
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -86,17 +101,30 @@ class SipCalls:
             await call.socket.close(1001, "the server is shutting down")
         await self.signalling.stop()
 
-    def _invite(self, invite: Invite) -> None:
-        task = asyncio.create_task(self._take(invite))
+    def _spawn(self, work: Any) -> asyncio.Task[None]:
+        task = asyncio.create_task(work)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
+
+    def _invite(self, invite: Invite) -> None:
+        self._spawn(self._take(invite))
 
     def _hangup(self, dialog: Any, origin: str) -> None:
         call = self.calls.get(id(dialog))
         if call is not None and not call.hung_up:
             log.info("%s: the far end hung up (%s)", call.label, origin)
             call.far_end_hung_up(origin)
+        dialing = self.dialing.get(id(dialog))
+        if dialing is not None:
+            dialing.state.put_nowait(Progress(dialog, "failed", 0, f"ended ({origin})"))
 
+    def _progress(self, progress: Progress) -> None:
+        dialing = self.dialing.get(id(progress.dialog))
+        if dialing is not None:
+            dialing.state.put_nowait(progress)
+
+    # -- calls in ------------------------------------------------------------------------------------
     async def _take(self, invite: Invite) -> None:
         """Answer the call and run it; a failure before the answer is a 500, never the server's end."""
         try:
@@ -107,47 +135,151 @@ class SipCalls:
                 self.signalling.run(Signalling.refuse, invite.dialog, 500, "Server Internal Error")
 
     async def _answer(self, invite: Invite) -> None:
-        runtime, run = self.runtime, self.signalling.run
+        run = self.signalling.run
         try:
             offer = sdp.parse(invite.sdp)
             codec = offer.codec()
         except sdp.SdpError as exc:
             log.warning("SIP: refused a call from %s: %s", invite.source[0], exc)
-            runtime.metrics.error("sip_bad_offer")
+            self.runtime.metrics.error("sip_bad_offer")
             run(Signalling.refuse, invite.dialog, 488, "Not Acceptable Here")
             return
-        label = f"sip {mask_number(invite.caller)}@{invite.source[0]}"
-        line = SipCall(self, invite.dialog, label)
+        line = self._line(invite.dialog, f"sip {mask_number(invite.caller)}@{invite.source[0]}", None)
         line.socket.client = Address(*invite.source)
-        track = ReplyTrack(runtime.clock, SAMPLE_RATE)
-        call = Call(line.socket, runtime, TRANSPORT,  # type: ignore[arg-type]
-                    lambda c: LineWire(c, label))
-        line.call = call
-        refused = await call.admit()
+        assert line.call is not None
+        refused = await line.call.admit()
         if refused is not None:
-            log.warning("%s: call refused: %s", label, refused.message)
+            log.warning("%s: call refused: %s", line.label, refused.message)
             run(Signalling.refuse, invite.dialog, 503, "Service Unavailable")
             return
-        wire = call.wire
-        assert isinstance(wire, LineWire)
         try:
-            line.media = await open_rtp(self.config.host, (self.config.rtp_port_min, self.config.rtp_port_max),
-                                        lambda: RtpSession(track, codec, offer.dtmf_type(), self.config.reorder_ms,
-                                                           wire.audio, wire.key))
+            media = await self._media(line)
         except OSError as exc:
-            log.error("%s: %s", label, exc)
-            call.release()
+            log.error("%s: %s", line.label, exc)
+            line.call.release()
             run(Signalling.refuse, invite.dialog, 500, "No Media Port")
             return
-        self.calls[id(invite.dialog)] = line
-        track.on_played = lambda turn_id, ms: call.session.on_played(turn_id, ms) if call.session else None
-        answer = sdp.write(self.signalling.address, line.media.port, (codec,), offer.dtmf_type())
-        run(Signalling.answer, invite.dialog, answer)
-        line.media.start((offer.address, offer.port))
-        call.start_session(LineOutbound(track, runtime.metrics, label), input_rate=SAMPLE_RATE,
-                           output_rate=SAMPLE_RATE, toolbox=runtime.toolbox(), caller=invite.caller)
-        log.info("%s: answered (%s, RTP %d <-> %s:%d)", label, CODEC_NAMES[codec], line.media.port, offer.address,
-                 offer.port)
+        run(Signalling.answer, invite.dialog, sdp.write(self.signalling.address, media.port, (codec,),
+                                                        offer.dtmf_type()))
+        await self._run(line, offer, codec, invite.caller, None)
+
+    # -- calls out -----------------------------------------------------------------------------------
+    def target(self, to: str) -> tuple[tuple[str, int], str]:
+        """Where a call to `to` goes: a SIP URI (sip:user@host[:port]) directly, a number through
+        sip.trunk.address. Raises ValueError with the reason."""
+        if to.startswith("sip:"):
+            user, _, hostport = to.removeprefix("sip:").partition("@")
+            host, _, port = hostport.partition(":")
+            if not user or not host or (port and not port.isdigit()):
+                raise ValueError(f"not a SIP URI: {to!r} (sip:user@host[:port])")
+            return (host, int(port or 5060)), user
+        if not self.config.trunk.address:
+            raise ValueError("calls to numbers go through sip.trunk.address, which is not set")
+        host, _, port = self.config.trunk.address.partition(":")
+        return (host, int(port or 5060)), to
+
+    async def place(self, to: str, *, first_message: str | None, instructions: str | None,
+                    placed: dict[str, Any], on_state: Callable[[str, str], None], ring_timeout_s: float) -> str:
+        """Place a call; it runs (in a task) until it ends. `on_state(state, detail)` hears "ringing",
+        "answered", "failed" (with the SIP status), "ended" (with the reason). The call's slot is
+        taken before it is placed (ValueError if the server refuses it). Returns the call's id (its
+        record's, once answered)."""
+        target, called = self.target(to)
+        line = self._line(None, f"sip out {mask_number(called)}", first_message)
+        line.instructions = instructions
+        assert line.call is not None
+        refused = await line.call.admit()
+        if refused is not None:
+            raise ValueError(refused.message)
+        try:
+            media = await self._media(line)
+        except OSError:
+            line.call.release()
+            raise
+        offer = sdp.write(self.signalling.address, media.port, (PCMU, PCMA), sdp.DTMF_TYPE)
+        assert self.signalling.reactor is not None
+        try:
+            line.dialog = await asyncio.to_thread(self.signalling.reactor.call_sync, self.signalling.dial, target,
+                                                  called, offer)
+        except BaseException:
+            line.call.release()
+            await media.close()
+            raise
+        dialing = self.dialing[id(line.dialog)] = Dialing(line)
+        self._spawn(self._dial(dialing, placed, on_state, ring_timeout_s))
+        return line.call.session_id
+
+    async def _dial(self, dialing: Dialing, placed: dict[str, Any], on_state: Callable[[str, str], None],
+                    ring_timeout_s: float) -> None:
+        line = dialing.line
+        assert line.call is not None and line.media is not None
+        answered: Progress | None = None
+        deadline = self.runtime.clock.now() + ring_timeout_s
+        try:
+            while answered is None:
+                left = deadline - self.runtime.clock.now()
+                try:
+                    progress = await asyncio.wait_for(dialing.state.get(), max(left, 0.001))
+                except TimeoutError:
+                    log.info("%s: no answer in %.0f s; cancelled", line.label, ring_timeout_s)
+                    self.signalling.run(Signalling.hang_up, line.dialog)
+                    on_state("failed", f"no answer in {ring_timeout_s:g} s")
+                    return
+                if progress.state == "ringing":
+                    on_state("ringing", f"{progress.code} {progress.reason}")
+                elif progress.state == "failed":
+                    log.info("%s: not answered: %d %s", line.label, progress.code, progress.reason)
+                    on_state("failed", f"{progress.code} {progress.reason}".strip())
+                    return
+                else:
+                    answered = progress
+            try:
+                answer = sdp.parse(answered.sdp)
+                codec = answer.codec()
+            except sdp.SdpError as exc:
+                log.warning("%s: the answer's SDP: %s; hanging up", line.label, exc)
+                self.signalling.run(Signalling.hang_up, line.dialog)
+                on_state("failed", f"bad answer: {exc}")
+                return
+            on_state("answered", f"{answered.code} {answered.reason}")
+            self.dialing.pop(id(line.dialog), None)
+            await self._run(line, answer, codec, None, placed)
+            on_state("ended", line.call.end_reason)
+        finally:
+            self.dialing.pop(id(line.dialog), None)
+            if answered is None:
+                line.call.release()
+                await line.media.close()
+
+    # -- every call ----------------------------------------------------------------------------------
+    def _line(self, dialog: Any, label: str, first_message: str | None) -> SipCall:
+        line = SipCall(self, dialog, label)
+        line.call = Call(line.socket, self.runtime, TRANSPORT,  # type: ignore[arg-type]
+                         lambda c: LineWire(c, label, first_message))
+        return line
+
+    async def _media(self, line: SipCall) -> RtpSession:
+        assert line.call is not None
+        wire = line.call.wire
+        assert isinstance(wire, LineWire)
+        track = ReplyTrack(self.runtime.clock, SAMPLE_RATE)
+        line.media = await open_rtp(self.config.host, (self.config.rtp_port_min, self.config.rtp_port_max),
+                                    lambda: RtpSession(track, self.config.reorder_ms, wire.audio, wire.key))
+        return line.media
+
+    async def _run(self, line: SipCall, remote: sdp.Media, codec: int, caller: str | None,
+                   placed: dict[str, Any] | None) -> None:
+        """The call is up: media flows, the session starts, the runner runs it to its end."""
+        call, media, runtime = line.call, line.media, self.runtime
+        assert call is not None and media is not None
+        self.calls[id(line.dialog)] = line
+        media.track.on_played = lambda turn_id, ms: call.session.on_played(turn_id, ms) if call.session else None
+        media.start((remote.address, remote.port), codec, remote.dtmf_type())
+        call.start_session(LineOutbound(media.track, runtime.metrics, line.label), input_rate=SAMPLE_RATE,
+                           output_rate=SAMPLE_RATE, toolbox=runtime.toolbox(), caller=caller, placed=placed,
+                           system_prompt=line.instructions)
+        log.info("%s: connected (%s, RTP %d <-> %s:%d)", line.label, CODEC_NAMES[codec], media.port, remote.address,
+                 remote.port)
         watch = asyncio.create_task(line.watch_media())
         try:
             await call.serve(take_slot=False)
@@ -156,5 +288,5 @@ class SipCalls:
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
             await line.socket.close(1000)
-            await line.media.close()
-            self.calls.pop(id(invite.dialog), None)
+            await media.close()
+            self.calls.pop(id(line.dialog), None)

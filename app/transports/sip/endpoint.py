@@ -60,6 +60,17 @@ def trusted(config: SipConfig, address: str) -> bool:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """What became of a call placed out: ringing, answered (with the callee's SDP), or failed."""
+
+    dialog: Any
+    state: str  # "ringing", "answered", "failed"
+    code: int
+    reason: str
+    sdp: str = ""
+
+
+@dataclass(frozen=True)
 class Invite:
     """An INVITE let in: what the asyncio side needs to answer it."""
 
@@ -73,12 +84,13 @@ class Invite:
 class Signalling:
     """Sippy's transaction manager bound to sip.host:sip.port, and the dialogs on it."""
 
-    def __init__(self, config: SipConfig, loop: asyncio.AbstractEventLoop,
-                 on_invite: Callable[[Invite], None], on_hangup: Callable[[Any, str], None]) -> None:
+    def __init__(self, config: SipConfig, loop: asyncio.AbstractEventLoop, on_invite: Callable[[Invite], None],
+                 on_hangup: Callable[[Any, str], None], on_progress: Callable[[Progress], None]) -> None:
         self.config = config
         self.loop = loop
         self.on_invite = on_invite  # called on the loop: a new call to answer (or refuse)
         self.on_hangup = on_hangup  # called on the loop: a dialog ended by the far end (BYE, CANCEL, failure)
+        self.on_progress = on_progress  # called on the loop: a call placed out rings, is answered, fails
         self.address = local_address(config)
         self.reactor: Reactor | None = None
         self.global_config: dict[str, Any] = {}
@@ -171,9 +183,23 @@ class Signalling:
         return bool(authorization.verify(self.config.password.get_secret_value(), "INVITE"))
 
     def _on_event(self, event: Any, dialog: Any) -> None:
-        from sippy.CCEvents import CCEventTry
+        from sippy.CCEvents import CCEventConnect, CCEventFail, CCEventPreConnect, CCEventRing, CCEventTry
 
-        if isinstance(event, CCEventTry):
+        if getattr(dialog, "placed", False):
+            data = event.getData() if isinstance(event, (CCEventRing, CCEventConnect, CCEventFail)) else None
+            code, reason = (int(data[0]), str(data[1])) if data else (0, "")
+            body = data[2] if data and len(data) > 2 else None
+            if isinstance(event, CCEventRing):
+                state = "ringing"
+            elif isinstance(event, (CCEventConnect, CCEventPreConnect)):
+                state = "answered"
+            elif isinstance(event, CCEventFail):
+                state = "failed"
+            else:
+                return
+            progress = Progress(dialog, state, code, reason, str(body) if body is not None else "")
+            self.loop.call_soon_threadsafe(self.on_progress, progress)
+        elif isinstance(event, CCEventTry):
             _, caller, called, body, _, _ = event.getData()
             sdp = str(body) if body is not None else ""
             invite = Invite(dialog, getattr(dialog, "source", ("", 0)), str(caller or ""), str(called or ""), sdp)
@@ -199,6 +225,33 @@ class Signalling:
         from sippy.CCEvents import CCEventFail
 
         dialog.recvEvent(CCEventFail((code, reason)))
+
+    def dial(self, target: tuple[str, int], called: str, sdp: str) -> Any:
+        """Place a call (INVITE) to `called` through `target` (host, port) with the offer `sdp`,
+        answering the trunk's digest challenge with sip.trunk's credentials. Returns the dialog."""
+        from sippy.CCEvents import CCEventTry
+        from sippy.MsgBody import MsgBody
+        from sippy.SipCallId import SipCallId
+        from sippy.UA import UA
+
+        trunk = self.config.trunk
+        dialog = UA(self.global_config, event_cb=self._on_event, username=trunk.username or None,
+                    password=trunk.password.get_secret_value() or None, nh_address=target,
+                    disc_cbs=(self._on_ended,), dead_cbs=(self._on_dead,))
+        dialog.placed = True
+        dialog.useRefer = True
+        dialog.recvEvent(CCEventTry((SipCallId(), trunk.caller_id, called, MsgBody(sdp), None, "voice-agent")))
+        return dialog
+
+    @staticmethod
+    def transfer(dialog: Any, target: str) -> None:
+        """A cold transfer: REFER the far end to `target` (a SIP URI), then the dialog ends."""
+        from sippy.CCEvents import CCEventDisconnect
+        from sippy.SipAddress import SipAddress
+        from sippy.SipURL import SipURL
+
+        dialog.useRefer = True
+        dialog.recvEvent(CCEventDisconnect(SipAddress(url=SipURL(target))))
 
     @staticmethod
     def hang_up(dialog: Any) -> None:

@@ -152,13 +152,14 @@ class RtpSession(asyncio.DatagramProtocol):
     """One call's RTP socket: the caller's audio and keys in (`on_audio`, `on_key`), the reply out
     (`track`). `last_packet_at`: when the caller's last packet came (the clock's time)."""
 
-    def __init__(self, track: ReplyTrack, payload_type: int, dtmf_type: int | None, reorder_ms: int,
-                 on_audio: Callable[[Audio], Awaitable[None]], on_key: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(self, track: ReplyTrack, reorder_ms: int, on_audio: Callable[[Audio], Awaitable[None]],
+                 on_key: Callable[[str], Awaitable[None]]) -> None:
         self.track = track
         self.clock = track.clock
-        self.payload_type = payload_type
-        self.stream = CallerStream(payload_type, reorder_ms)
-        self.keys = KeypadEvents(dtmf_type)
+        self.reorder_ms = reorder_ms
+        self.payload_type = PCMU  # the codec agreed (`start`)
+        self.stream = CallerStream(PCMU, reorder_ms)
+        self.keys = KeypadEvents(None)
         self.on_audio, self.on_key = on_audio, on_key
         self.transport: asyncio.DatagramTransport | None = None
         self.remote: tuple[str, int] | None = None  # where media goes
@@ -179,7 +180,7 @@ class RtpSession(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         packet = parse_rtp(data)
-        if packet is None:
+        if packet is None or not self.tasks:  # nothing is taken before the codec is agreed
             return
         if not self.latched:
             self.remote, self.latched = (addr[0], addr[1]), True
@@ -191,7 +192,13 @@ class RtpSession(asyncio.DatagramProtocol):
         except asyncio.QueueFull:  # the pipeline is far behind: the newest audio is dropped, counted
             self.dropped += 1
 
-    def start(self, remote: tuple[str, int]) -> None:
+    def start(self, remote: tuple[str, int], payload_type: int, dtmf_type: int | None) -> None:
+        """Media flows: the codec and the keys' payload type agreed, to `remote` until the caller's
+        first packet says where it is."""
+        self.payload_type = payload_type
+        self.stream = CallerStream(payload_type, self.reorder_ms)
+        self.keys = KeypadEvents(dtmf_type)
+        self.last_packet_at = self.clock.now()  # sip.rtp_timeout_s counts from here
         if not self.latched:
             self.remote = remote
         self.tasks = [asyncio.create_task(self._send_loop()), asyncio.create_task(self._receive_loop())]
