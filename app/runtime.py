@@ -303,7 +303,10 @@ def load_backends(settings: Settings, clock: Clock, say: object = print,
                                       sequences=settings.server.max_sessions,
                                       api_sequences=settings.server.max_api_requests,
                                       worker=getattr(llm, "worker", None))
-    offered = ToolBox(settings.tools, clock, server_tools, None).tools(1) if server_tools else None
+    box = ToolBox(settings.tools, clock, server_tools or [], None)
+    if settings.sip.enabled:  # a SIP call can transfer: its tools end with transfer_call (tools.transfer_targets)
+        box.on_transfer = lambda name, destination: None
+    offered = box.tools(1)
     for engine, tools in ((llm, offered if tools_llm is None else None), (tools_llm, offered)):
         warm_up = getattr(engine, "warm_up", None)
         if callable(warm_up):

@@ -379,6 +379,10 @@ class ToolsConfig(BaseModel):
         "environment), timeout_s and the JSON Schema of its arguments (docs/tools.md)")
     end_call: bool = Field(False, description="offer the built-in end_call tool on every call (a call may also ask "
                                               "for it in session.start)")
+    transfer_targets: dict[str, str] = Field(
+        default_factory=dict, description="where the built-in transfer_call tool may send a call: a name the model "
+        "chooses (\"front desk\") -> a SIP URI or a number (through sip.trunk). Offered on calls whose line can "
+        "transfer (SIP); empty: no transfer_call tool. The model cannot reach any other destination")
     tool_choice: str = Field("auto", description="auto, none or required, for the server's tools")
     max_steps: int = Field(3, ge=1, le=10, description="rounds of tool calls in one turn; then the model answers in "
                                                       "words")

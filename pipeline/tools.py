@@ -33,8 +33,18 @@ from pipeline.config import ToolsConfig
 log = logging.getLogger(__name__)
 END_CALL = Tool("end_call", "End the phone call. Use it only when the caller says goodbye or asks to hang up; say "
                 "a short goodbye in the same reply.", {"type": "object", "properties": {}})
+TRANSFER_CALL = "transfer_call"
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def transfer_tool(names: tuple[str, ...]) -> Tool:
+    """The built-in transfer_call, offered with the configured targets' names (tools.transfer_targets)."""
+    return Tool(TRANSFER_CALL, "Transfer the phone call to a person. Use it when the caller asks for a person or "
+                "for something only a person can do; say in the same reply that you are transferring them.",
+                {"type": "object", "properties": {"target": {"type": "string", "enum": list(names),
+                                                             "description": "who to transfer the call to"}},
+                 "required": ["target"]})
 
 
 class ToolFailed(Exception):
@@ -158,6 +168,7 @@ class ToolBox:
         self.client_choice = "auto"
         self.end_call = config.end_call
         self.on_end_call: Callable[[], None] | None = None
+        self.on_transfer: Callable[[str, str], None] | None = None  # (target's name, destination): the line can
 
     def declare(self, tools: Any, choice: Any = None, end_call: bool | None = None) -> None:
         """The client's own tools (session.start, session.update); a ConfigError says what is wrong."""
@@ -180,7 +191,7 @@ class ToolBox:
         declared = parsed.tools if parsed else ()
         if len(declared) > self.config.max_tools:
             raise ConfigError(f"{len(declared)} tools declared; at most tools.max_tools ({self.config.max_tools})")
-        clash = {t.name for t in declared} & (set(self.server) | {END_CALL.name})
+        clash = {t.name for t in declared} & (set(self.server) | {END_CALL.name, TRANSFER_CALL})
         if clash:
             raise ConfigError(f"tool names {sorted(clash)} are the server's own; choose other names")
         return declared
@@ -193,9 +204,15 @@ class ToolBox:
         return parsed.choice if parsed is not None else "auto"
 
     def _all(self, client: tuple[Tool, ...] | None = None) -> tuple[Tool, ...]:
-        """Every tool of the call; end_call only where the transport can hang up."""
+        """Every tool of the call; end_call only where the transport can hang up, transfer_call where
+        it can transfer and targets are configured."""
         ending = (END_CALL,) if self.end_call and self.on_end_call is not None else ()
-        return (*(self.client_tools if client is None else client), *(t.tool for t in self.server.values()), *ending)
+        transfer = (transfer_tool(tuple(self.config.transfer_targets)),) if self._transfers() else ()
+        return (*(self.client_tools if client is None else client), *(t.tool for t in self.server.values()), *ending,
+                *transfer)
+
+    def _transfers(self) -> bool:
+        return bool(self.config.transfer_targets) and self.on_transfer is not None
 
     def tools(self, step: int) -> Tools | None:
         """What the model is offered in a turn's reply `step` (1: the answer to the caller's words;
@@ -218,7 +235,7 @@ class ToolBox:
     def acknowledgement(self, name: str) -> str:
         """What the caller hears when a reply begins a call to `name` before any word (none before
         end_call: its goodbye comes next)."""
-        return "" if name == END_CALL.name else self.config.acknowledgement
+        return "" if name in (END_CALL.name, TRANSFER_CALL) else self.config.acknowledgement
 
     def read_only(self, name: str) -> bool:
         """Whether the call's tool was declared read-only (it may run before the turn is confirmed)."""
@@ -229,7 +246,18 @@ class ToolBox:
     def runs_on(self, name: str) -> str:
         if name in self.server:
             return "server"
-        return "builtin" if name == END_CALL.name else "client"
+        return "builtin" if name in (END_CALL.name, TRANSFER_CALL) else "client"
+
+    def _transfer(self, call: ToolCall) -> str:
+        """transfer_call: the line is asked to transfer once this turn's last words were heard."""
+        targets = self.config.transfer_targets
+        name = str(call.parsed_arguments().get("target", "")).strip()
+        chosen = next((t for t in targets if t.lower() == name.lower()), None)
+        if chosen is None:
+            raise ToolFailed(f"no transfer target is called {name!r}; the targets are: {', '.join(targets)}")
+        assert self.on_transfer is not None
+        self.on_transfer(chosen, targets[chosen])
+        return json.dumps({"ok": True, "transferring_to": chosen})
 
     async def run(self, run: ToolRun) -> ToolRun:
         """Run one call to its end: its output, or the error the model is told. Never raises."""
@@ -246,6 +274,8 @@ class ToolBox:
                 if self.on_end_call is not None:
                     self.on_end_call()
                 output = json.dumps({"ok": True, "note": "the call ends after your goodbye"})
+            elif call.name == TRANSFER_CALL and self._transfers():
+                output = self._transfer(call)
             elif self.ask_client is not None and any(t.name == call.name for t in self.client_tools):
                 output = await asyncio.wait_for(self.ask_client(call), timeout)
             else:

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 from fastapi import WebSocket, WebSocketDisconnect
@@ -116,7 +116,10 @@ class Call:
         self.task: asyncio.Task[None] | None = None
         self.resampler: StreamResampler | None = None
         self.call_log: CallLog | None = None  # the call's QA record, from its start
-        self.agent_hung_up = asyncio.Event()  # set by end_call's hang-up
+        self.agent_hung_up = asyncio.Event()  # set by end_call's hang-up (and transfer_call's transfer)
+        # how the line transfers a call (a SIP REFER); None: the line cannot, and transfer_call is not offered
+        self.transfer_line: Callable[[str], Awaitable[None]] | None = None
+        self.transfer_to: str | None = None  # transfer_call chose this destination
         self.started = False  # the caller started the call (else it is closed after server.start_timeout_s)
         self.errors = 0  # bad messages, up to server.max_protocol_errors
         self.reason = ""  # the last thing reported, for the close frame
@@ -222,6 +225,11 @@ class Call:
                 if self.task is not None:
                     waiting.add(self.task)
                 await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                if hung_up.done() and self.transfer_to is not None and self.transfer_line is not None:
+                    log.info("%s: the agent transferred the call (transfer_call)", self.label)
+                    self.end_reason = "transferred"
+                    await self.stop_session()
+                    return await self.transfer_line(self.transfer_to)
                 if hung_up.done():
                     log.info("%s: the agent ended the call (end_call)", self.label)
                     self.end_reason = "agent_hangup"
@@ -302,7 +310,7 @@ class Call:
         self.session = Session(
             runtime.backends, config or runtime.pipeline_config(), runtime.clock, outbound, output_rate=output_rate,
             input_rate=input_rate, system_prompt=system_prompt, on_turn=self.on_turn, tap=self.call_log.recorder,
-            toolbox=toolbox, hang_up=self.hang_up,
+            toolbox=toolbox, hang_up=self.hang_up, transfer=self.transfer if self.transfer_line is not None else None,
         )
         runtime.metrics.sessions.labels(self.transport).inc()
         self.task = asyncio.create_task(self.session.run())
@@ -340,6 +348,12 @@ class Call:
         """The agent ends the call (end_call, once the goodbye was heard): the call's loop stops the
         session and closes with 1000 (on a phone line, closing the media stream ends Twilio's
         <Connect> and Telnyx's stream, and with them the call)."""
+        self.agent_hung_up.set()
+
+    def transfer(self, destination: str) -> None:
+        """The agent hands the call on (transfer_call, once its last words were heard): the call's
+        loop stops the session and the line transfers the call (`transfer_line`)."""
+        self.transfer_to = destination
         self.agent_hung_up.set()
 
     async def stop_session(self) -> None:

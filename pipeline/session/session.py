@@ -62,6 +62,8 @@ ECHO_ROOM_S = 0.5  # the room's reverberation and the recognizer's start, after 
 class Session:
     """One caller's session. `hang_up`: how the transport ends the call (it must return at once and
     do it in a task of its own); with it, the built-in end_call tool can be offered (tools.end_call).
+    `transfer`: how the line hands the call on to a destination (the same way); with it, transfer_call
+    is offered where tools.transfer_targets are set.
     `on_turn`: each turn's record (ResponseDone), once its reply has ended."""
 
     def __init__(
@@ -78,6 +80,7 @@ class Session:
         tap: AudioTap | None = None,
         toolbox: ToolBox | None = None,
         hang_up: Callable[[], None] | None = None,
+        transfer: Callable[[str], None] | None = None,
     ) -> None:
         self.backends = backends
         self.config = config
@@ -87,7 +90,8 @@ class Session:
         self.input_rate = input_rate  # the caller's line (8000: a phone's), for the noise suppression's level
         self.on_turn = on_turn
         self.audio_in = Inbound()
-        has_tools = toolbox is not None and toolbox.tools(1) is not None
+        has_tools = toolbox is not None and (toolbox.tools(1) is not None or (
+            transfer is not None and bool(toolbox.config.transfer_targets)))
         default = config.session.tools_prompt if has_tools else config.session.system_prompt
         # the engine is chosen at the start: tools declared later (session.update) are served by it too
         self.conversation: Conversation = backends.llm_for(has_tools).conversation()
@@ -109,7 +113,7 @@ class Session:
         self.replies = Replies(backends, config, clock, outbound, output_rate, self.conversation, self.kept,
                                self.book, self.barge, player, self, toolbox)
         self.tool_calls = (ToolCalls(toolbox, config.session, clock, outbound, self.kept, self.book, self.replies,
-                                     self.record, hang_up)
+                                     self.record, hang_up, transfer)
                            if toolbox is not None else None)
         # how the transport configured the call (`configure`)
         self.on_words: Callable[[int, str], None] | None = None

@@ -31,7 +31,8 @@ class ToolCalls:
 
     def __init__(self, toolbox: ToolBox, config: SessionConfig, clock: Clock, outbound: Outbound,
                  history: History, book: TurnBook, replies: Replies,
-                 record: Callable[[ResponseDone], Awaitable[None]], hang_up: Callable[[], None] | None) -> None:
+                 record: Callable[[ResponseDone], Awaitable[None]], hang_up: Callable[[], None] | None,
+                 transfer: Callable[[str], None] | None = None) -> None:
         self.toolbox = toolbox
         self.config = config
         self.clock = clock
@@ -41,6 +42,8 @@ class ToolCalls:
         self.replies = replies
         self.record = record
         self.hang_up = hang_up
+        self.transfer = transfer  # how the line hands the call to a destination (a SIP REFER), instead of hanging up
+        self._transfer_to: str | None = None  # transfer_call was called: where the call goes after the turn's words
         self._asked: dict[str, asyncio.Future[str]] = {}  # client calls awaiting function_call.output
         self._tasks: set[asyncio.Task[Any]] = set()  # calls and their follow-ups: not stopped by barge-in
         self._ending_turn: int | None = None  # end_call was called in this turn: hang up after its goodbye
@@ -49,6 +52,8 @@ class ToolCalls:
             toolbox.ask_client = self.ask_client
         if hang_up is not None:
             toolbox.on_end_call = self.end_call
+        if transfer is not None:
+            toolbox.on_transfer = self.transfer_call
 
     def _track(self, task: asyncio.Task[Any]) -> None:
         self._tasks.add(task)
@@ -201,13 +206,20 @@ class ToolCalls:
         self._ending_turn = self.book.answering
         log.info("turn %d: end_call: hanging up after the goodbye", self.book.answering)
 
+    def transfer_call(self, name: str, destination: str) -> None:
+        """The model called transfer_call: once this turn's last words have been heard, the line
+        transfers the call to `destination` (instead of hanging up)."""
+        self._ending_turn = self.book.answering
+        self._transfer_to = destination
+        log.info("turn %d: transfer_call: to %s after the turn's last words", self.book.answering, name)
+
     def reply_done(self, reply: Reply, status: str) -> None:
         """A reply ended: the answer of the turn that called end_call hangs up once it was heard:
         the client's playback reports (the browser's, a phone line's marks) cover its audio, or,
         without reports, once it surely has played (it is sent at most session.output_lead_ms
         ahead of playback) plus tools.goodbye_grace_ms."""
         if (status != "completed" or self._ending_turn != reply.turn.turn_id or reply.step == 1
-                or reply.fixed_text is not None or self.hang_up is None):
+                or reply.fixed_text is not None or (self.hang_up is None and self._transfer_to is None)):
             return
         need = reply.offset_samples + reply.ledger.sent_samples()
         self._goodbye = goodbye = Goodbye(reply.turn.turn_id, need)
@@ -231,7 +243,11 @@ class ToolCalls:
             self._hang_up(goodbye, "not reported as heard in time")
 
     def _hang_up(self, goodbye: Goodbye, how: str) -> None:
-        assert self.hang_up is not None
         goodbye.hung_up = True
+        if self._transfer_to is not None and self.transfer is not None:
+            log.info("turn %d: the last words were %s; transferring the call", goodbye.turn_id, how)
+            self.transfer(self._transfer_to)
+            return
+        assert self.hang_up is not None
         log.info("turn %d: the goodbye was %s; hanging up", goodbye.turn_id, how)
         self.hang_up()

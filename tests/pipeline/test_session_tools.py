@@ -500,3 +500,65 @@ async def test_a_call_begun_before_any_word_is_acknowledged_aloud_and_gets_no_fi
     client.cancel()
     await session.audio_in.put(None)
     await task
+
+
+def transfer_session(targets: dict[str, str], target: str) -> tuple[Session, RecordingOutbound, list[str], list[float]]:
+    llm = FakeLLM([[ToolCall("call_tr", "transfer_call", json.dumps({"target": target}))],
+                   "I am putting you through to the front desk now."])
+    session, out = make_session(llm, ["Can I talk to a person, please?"])
+    moved: list[str] = []
+    hung: list[float] = []
+    box = ToolBox(ToolsConfig(transfer_targets=targets, goodbye_grace_ms=3_600_000), session.clock, [], None)
+    session = remade(session, toolbox=box, hang_up=lambda: hung.append(session.clock.now()), transfer=moved.append)
+    return session, out, moved, hung
+
+
+async def test_transfer_call_hands_the_call_on_once_its_last_words_were_heard() -> None:
+    session, out, moved, hung = transfer_session({"front desk": "sip:desk@10.0.0.5"}, "Front Desk")
+    offered = next(t for t in session.tool_calls.toolbox.tools(1).tools if t.name == "transfer_call")  # type: ignore[union-attr]
+    assert offered.parameters["properties"]["target"]["enum"] == ["front desk"]  # names only: never the address
+    task = asyncio.create_task(session.run())
+    await turn(session, out, 2)
+    words = done_events(out)[1]
+    assert words.text == "I am putting you through to the front desk now."
+    assert moved == []  # not before they were heard
+    session.on_played(words.turn_id, sum(len(a) for a in out.audio) / 2 / 8000 * 1000)
+    assert moved == ["sip:desk@10.0.0.5"] and hung == []  # transferred, not hung up
+    await session.audio_in.put(None)
+    await task
+
+
+async def test_transfer_call_to_a_name_not_configured_fails_and_the_model_is_told_the_targets() -> None:
+    session, out, moved, _ = transfer_session({"front desk": "sip:desk@10.0.0.5"}, "sip:attacker@evil.test")
+    task = asyncio.create_task(session.run())
+    await turn(session, out, 2)
+    await session.audio_in.put(None)
+    await task
+    result = json.loads(session.history[3].content)
+    assert "no transfer target is called" in result["error"] and "front desk" in result["error"], result
+    assert moved == []
+
+
+async def test_transfer_call_is_offered_only_where_the_line_can_transfer_and_targets_are_set() -> None:
+    box = ToolBox(ToolsConfig(transfer_targets={"desk": "sip:d@h"}), DistantClock(), [], None)
+    assert box.tools(1) is None  # no line that transfers
+    box.on_transfer = lambda name, destination: None
+    assert [t.name for t in box.tools(1).tools] == ["transfer_call"]  # type: ignore[union-attr]
+    box = ToolBox(ToolsConfig(), DistantClock(), [], None)
+    box.on_transfer = lambda name, destination: None
+    assert box.tools(1) is None  # no targets
+
+
+async def test_a_first_message_is_said_as_is_and_kept_as_heard() -> None:
+    llm = FakeLLM(["Sure, see you then."])
+    session, out = make_session(llm, ["Yes, that works."])
+    task = asyncio.create_task(session.run())
+    turn_id = await session.say("Hello, this is the clinic reminding you of tomorrow's appointment.")
+    await out.wait(lambda: len(done_events(out)) >= 1, timeout=10)
+    said = done_events(out)[0]
+    assert said.turn_id == turn_id and said.status == "completed"
+    assert said.text == "Hello, this is the clinic reminding you of tomorrow's appointment."
+    assert [m.role for m in session.history[1:]] == ["assistant"]
+    assert llm.requests == []  # the LLM wrote none of it
+    await session.audio_in.put(None)
+    await task

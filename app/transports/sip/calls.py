@@ -53,6 +53,17 @@ class SipCall:
             log.info("%s: hanging up%s", self.label, f" ({reason})" if reason else "")
             self.calls.signalling.run(Signalling.hang_up, self.dialog)
 
+    async def transfer(self, destination: str) -> None:
+        """Hand the call on: a REFER to `destination` (a SIP URI, or a number through the trunk), after
+        which the far end calls it and this dialog ends."""
+        if self.hung_up:
+            return
+        self.hung_up = True
+        uri = self.calls.transfer_uri(destination)
+        log.info("%s: transferring the call to %s (REFER)", self.label, mask_number(uri))
+        self.calls.signalling.run(Signalling.transfer, self.dialog, uri)
+        self.socket.gone()
+
     def far_end_hung_up(self, why: str) -> None:
         self.hung_up = True
         if self.call is not None:
@@ -144,8 +155,10 @@ class SipCalls:
             self.runtime.metrics.error("sip_bad_offer")
             run(Signalling.refuse, invite.dialog, 488, "Not Acceptable Here")
             return
-        line = self._line(invite.dialog, f"sip {mask_number(invite.caller)}@{invite.source[0]}", None)
+        line = self._line(invite.dialog, None)
         line.socket.client = Address(*invite.source)
+        log.info("%s: a call from %s at %s:%d to %s", line.label, mask_number(invite.caller), *invite.source,
+                 invite.called)
         assert line.call is not None
         refused = await line.call.admit()
         if refused is not None:
@@ -178,6 +191,12 @@ class SipCalls:
         host, _, port = self.config.trunk.address.partition(":")
         return (host, int(port or 5060)), to
 
+    def transfer_uri(self, destination: str) -> str:
+        """The SIP URI a transfer sends the caller to: a URI as it is, a number at the trunk."""
+        if destination.startswith(("sip:", "sips:")):
+            return destination
+        return f"sip:{destination}@{self.config.trunk.address or self.signalling.address}"
+
     async def place(self, to: str, *, first_message: str | None, instructions: str | None,
                     placed: dict[str, Any], on_state: Callable[[str, str], None], ring_timeout_s: float) -> str:
         """Place a call; it runs (in a task) until it ends. `on_state(state, detail)` hears "ringing",
@@ -185,7 +204,8 @@ class SipCalls:
         taken before it is placed (ValueError if the server refuses it). Returns the call's id (its
         record's, once answered)."""
         target, called = self.target(to)
-        line = self._line(None, f"sip out {mask_number(called)}", first_message)
+        line = self._line(None, first_message)
+        log.info("%s: calling %s through %s:%d", line.label, mask_number(called), *target)
         line.instructions = instructions
         assert line.call is not None
         refused = await line.call.admit()
@@ -252,10 +272,13 @@ class SipCalls:
                 await line.media.close()
 
     # -- every call ----------------------------------------------------------------------------------
-    def _line(self, dialog: Any, label: str, first_message: str | None) -> SipCall:
-        line = SipCall(self, dialog, label)
+    def _line(self, dialog: Any, first_message: str | None) -> SipCall:
+        """A call's parts, named in every log line by the call's id (its record's)."""
+        line = SipCall(self, dialog, "")
         line.call = Call(line.socket, self.runtime, TRANSPORT,  # type: ignore[arg-type]
-                         lambda c: LineWire(c, label, first_message))
+                         lambda c: LineWire(c, c.session_id, first_message))
+        line.label = line.call.session_id
+        line.call.transfer_line = line.transfer
         return line
 
     async def _media(self, line: SipCall) -> RtpSession:
