@@ -28,6 +28,7 @@ from app.redact import mask_number
 from app.runtime import Runtime
 from app.security.guard import CLIENT_KEY, OUTBOUND_CALLS_PATH, TAKE_CALL_SLOT
 from app.store import utc_now
+from app.transports.answering_machine import Verdict
 from app.transports.sip.calls import SipCalls
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,10 @@ class OutboundRequest(BaseModel):
     first_message: str | None = Field(None, max_length=1000, description="said as is when the call is answered")
     reason: str | None = Field(None, max_length=500, description="why the call is placed (kept in its record)")
     ring_timeout_s: float = Field(30.0, ge=5, le=120, description="how long it rings before it is given up")
+    answering_machine: Literal["off", "hang_up", "leave_message"] = Field(
+        "off", description="tell a person from a machine before the first word: on a machine, hang up or leave "
+        "`voicemail_message` after its beep")
+    voicemail_message: str | None = Field(None, max_length=1000, description="said to a machine after its beep")
 
 
 @dataclass
@@ -57,6 +62,8 @@ class PlacedCall:
     detail: str = ""  # the SIP status, the end reason
     created_at: str = field(default_factory=lambda: utc_now().isoformat())
     call_id: str | None = None  # the call's record (GET /api/calls/{call_id}) once answered
+    answered_by: str | None = None  # "human" or "machine", where answering_machine is on
+    machine_detection: dict[str, Any] | None = None  # how it was decided: {"at_s", "why"}
 
     def shown(self) -> dict[str, Any]:
         return {**asdict(self), "to": mask_number(self.to)}
@@ -110,6 +117,8 @@ async def place_call(request: Request) -> JSONResponse:
             return _error(400, "bad_destination", str(exc))
     else:
         return _error(501, "not_supported", f"calls out over {order.transport} are not served yet; use sip")
+    if order.answering_machine == "leave_message" and not order.voicemail_message:
+        return _error(400, "invalid_request", "voicemail_message: required with answering_machine leave_message")
     take = request.scope.get(TAKE_CALL_SLOT)
     slot = await take() if take is not None else None
     if take is not None and slot is None:
@@ -127,9 +136,15 @@ async def place_call(request: Request) -> JSONResponse:
         if state in ("ended", "failed") and slot is not None:
             slot.release()
 
+    def on_verdict(verdict: Verdict) -> None:
+        record.answered_by = verdict.kind
+        record.machine_detection = {"at_s": verdict.at_s, "why": verdict.why}
+
     try:
         session_id = await sip.place(order.to, first_message=order.first_message, instructions=order.instructions,
-                                     placed=placed, on_state=on_state, ring_timeout_s=order.ring_timeout_s)
+                                     placed=placed, on_state=on_state, ring_timeout_s=order.ring_timeout_s,
+                                     machine=order.answering_machine, voicemail_message=order.voicemail_message,
+                                     on_verdict=on_verdict)
     except (ValueError, OSError) as exc:
         if slot is not None:
             slot.release()

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.store.config import OtelConfig, StorageConfig
+from app.transports.answering_machine import MachineDetection
 from core.errors import ConfigError
 from models.config import AsrConfig, LlmConfig, TtsConfig, TurnConfig, VadConfig
 from models.protocols import SamplingParams
@@ -287,6 +288,7 @@ class Settings(BaseSettings):
     realtime: RealtimeConfig = RealtimeConfig()
     webrtc: WebRTCConfig = WebRTCConfig()
     sip: SipConfig = SipConfig()
+    machine_detection: MachineDetection = MachineDetection()
     storage: StorageConfig = StorageConfig()
     otel: OtelConfig = OtelConfig()
 

@@ -120,6 +120,7 @@ class Call:
         # how the line transfers a call (a SIP REFER); None: the line cannot, and transfer_call is not offered
         self.transfer_line: Callable[[str], Awaitable[None]] | None = None
         self.transfer_to: str | None = None  # transfer_call chose this destination
+        self.hang_up_reason = "agent_hangup"  # the record's end_reason when the agent's side hangs up
         self.started = False  # the caller started the call (else it is closed after server.start_timeout_s)
         self.errors = 0  # bad messages, up to server.max_protocol_errors
         self.reason = ""  # the last thing reported, for the close frame
@@ -231,8 +232,8 @@ class Call:
                     await self.stop_session()
                     return await self.transfer_line(self.transfer_to)
                 if hung_up.done():
-                    log.info("%s: the agent ended the call (end_call)", self.label)
-                    self.end_reason = "agent_hangup"
+                    log.info("%s: the agent's side ended the call (%s)", self.label, self.hang_up_reason)
+                    self.end_reason = self.hang_up_reason
                     await self.stop_session()
                     return await self.close(CLOSE_NORMAL)
                 if gone.done():
@@ -344,10 +345,11 @@ class Call:
         if self.call_log is not None:
             self.call_log.turn(done)
 
-    def hang_up(self) -> None:
+    def hang_up(self, reason: str = "agent_hangup") -> None:
         """The agent ends the call (end_call, once the goodbye was heard): the call's loop stops the
         session and closes with 1000 (on a phone line, closing the media stream ends Twilio's
-        <Connect> and Telnyx's stream, and with them the call)."""
+        <Connect> and Telnyx's stream, and with them the call). `reason`: the record's end_reason."""
+        self.hang_up_reason = reason
         self.agent_hung_up.set()
 
     def transfer(self, destination: str) -> None:

@@ -21,7 +21,7 @@ from models.speech.asr_faster_whisper import FasterWhisperRecognizer
 from pipeline.audio import resample
 from tests.e2e.conftest import Server, start_server, stop_server
 from tests.phone_sim import call_records
-from tests.sip_phone import Baresip, free_udp_port, sipp, write_wav
+from tests.sip_phone import Baresip, Heard, free_udp_port, sipp, write_wav
 from tests.speech import flite_samples, words
 
 pytestmark = pytest.mark.slow
@@ -209,3 +209,71 @@ async def test_a_caller_who_asks_for_the_front_desk_is_transferred_there(
     assert record["call"]["end_reason"] == "transferred", record["call"]
     (tool_call,) = record["turns"][0]["tool_calls"]
     assert tool_call["name"] == "transfer_call" and "front desk" in tool_call["arguments"], tool_call
+
+
+VOICEMAIL = "Hello Jordan, this is the dental clinic. Your appointment is tomorrow at nine. Goodbye."
+
+
+async def place_screened(server: Server, phone: Baresip, seconds: float) -> tuple[dict, Heard]:
+    """A call out to `phone` with answering-machine detection leaving VOICEMAIL; (its state at the
+    end, what the phone heard)."""
+    ringing = asyncio.create_task(phone.run(seconds))
+    await asyncio.sleep(1.5)
+    async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {KEY}"}) as http:
+        placed = await http.post("/api/calls/outbound", json={
+            "to": phone.uri, "first_message": FIRST_MESSAGE, "answering_machine": "leave_message",
+            "voicemail_message": VOICEMAIL})
+        assert placed.status_code == 201, placed.text
+        heard = await ringing
+        for _ in range(50):
+            state = (await http.get(f"/api/calls/outbound/{placed.json()['id']}")).json()
+            if state["status"] in ("ended", "failed"):
+                break
+            await asyncio.sleep(0.2)
+    return state, heard
+
+
+def speech_onsets(audio: np.ndarray, rate: int = 8000) -> list[float]:
+    """Seconds at which sound starts after at least 300 ms of quiet (20 ms frames)."""
+    frames = audio[: len(audio) // 160 * 160].reshape(-1, 160)
+    loud = np.sqrt((frames ** 2).mean(axis=1)) > 0.02
+    onsets, quiet = [], 15
+    for i, is_loud in enumerate(loud):
+        if is_loud and quiet >= 15:
+            onsets.append(i * 160 / rate)
+        quiet = 0 if is_loud else quiet + 1
+    return onsets
+
+
+async def test_a_machine_that_answers_a_call_out_gets_the_message_after_its_beep(
+        sip_server: tuple[Server, int], tmp_path: Path, recognizer: FasterWhisperRecognizer) -> None:
+    server, _ = sip_server
+    rate = 8000
+    greeting = flite_samples("Hi, you have reached Jordan. I can't take your call right now. Please leave a "
+                             "message after the tone.", tmp_path, rate, voice="rms").astype(np.float32) / 32768
+    beep = (0.3 * np.sin(2 * np.pi * 1000 * np.arange(int(0.5 * rate)) / rate)).astype(np.float32)
+    lead, gap = np.zeros(int(0.4 * rate), np.float32), np.zeros(int(0.5 * rate), np.float32)
+    machine = write_wav(tmp_path / "machine.wav", np.concatenate([lead, greeting, gap, beep,
+                                                                  np.zeros(14 * rate, np.float32)]))
+    beep_over_s = (len(lead) + len(greeting) + len(gap) + len(beep)) / rate
+    state, heard = await place_screened(server, Baresip(tmp_path / "machine", machine), 22)
+
+    assert state["answered_by"] == "machine" and state["machine_detection"]["at_s"] <= 5.0, state
+    assert state["status"] == "ended" and state["detail"] == "voicemail_left", state
+    audio = heard.audio()
+    first_words = speech_onsets(audio)
+    assert first_words and first_words[0] >= beep_over_s - 0.1, (first_words, beep_over_s)  # nothing over the greeting
+    said = set(words(VOICEMAIL))
+    assert len(said & set(heard_words(recognizer, audio))) / len(said) >= 0.6
+
+
+async def test_a_person_who_answers_a_screened_call_hears_the_first_message(
+        sip_server: tuple[Server, int], tmp_path: Path, recognizer: FasterWhisperRecognizer) -> None:
+    server, _ = sip_server
+    person = microphone(tmp_path, "Hello?", after_s=14)
+    state, heard = await place_screened(server, Baresip(tmp_path / "person", person), 16)
+
+    assert state["answered_by"] == "human" and state["machine_detection"]["at_s"] <= 3.0, state
+    assert state["status"] == "ended" and state["detail"] == "hangup", state  # the person hung up
+    said = set(words(FIRST_MESSAGE))
+    assert len(said & set(heard_words(recognizer, heard.audio()))) / len(said) >= 0.6

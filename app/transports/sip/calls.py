@@ -22,11 +22,13 @@ from starlette.datastructures import Address
 
 from app.redact import mask_number
 from app.runtime import Runtime
+from app.transports.answering_machine import Verdict
 from app.transports.call import Call
 from app.transports.sip import sdp
 from app.transports.sip.endpoint import Invite, Progress, Signalling
 from app.transports.sip.line import DialogSocket, LineOutbound, LineWire
 from app.transports.sip.rtp import CODEC_NAMES, PCMA, PCMU, SAMPLE_RATE, RtpSession, open_rtp
+from app.transports.sip.screen import Screen
 from app.transports.webrtc.media import ReplyTrack
 
 log = logging.getLogger(__name__)
@@ -198,7 +200,9 @@ class SipCalls:
         return f"sip:{destination}@{self.config.trunk.address or self.signalling.address}"
 
     async def place(self, to: str, *, first_message: str | None, instructions: str | None,
-                    placed: dict[str, Any], on_state: Callable[[str, str], None], ring_timeout_s: float) -> str:
+                    placed: dict[str, Any], on_state: Callable[[str, str], None], ring_timeout_s: float,
+                    machine: str = "off", voicemail_message: str | None = None,
+                    on_verdict: Callable[[Verdict], None] | None = None) -> str:
         """Place a call; it runs (in a task) until it ends. `on_state(state, detail)` hears "ringing",
         "answered", "failed" (with the SIP status), "ended" (with the reason). The call's slot is
         taken before it is placed (ValueError if the server refuses it). Returns the call's id (its
@@ -207,6 +211,11 @@ class SipCalls:
         line = self._line(None, first_message)
         log.info("%s: calling %s through %s:%d", line.label, mask_number(called), *target)
         line.instructions = instructions
+        if machine != "off":
+            wire = line.call.wire if line.call is not None else None
+            assert isinstance(wire, LineWire) and self.runtime.backends is not None
+            wire.screen = Screen(self.runtime.backends, self.runtime.settings.machine_detection, machine,
+                                 voicemail_message, on_verdict or (lambda verdict: None))
         assert line.call is not None
         refused = await line.call.admit()
         if refused is not None:

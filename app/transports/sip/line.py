@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.datastructures import Address
 from starlette.websockets import WebSocketDisconnect, WebSocketState
@@ -22,6 +22,9 @@ from app.transports.webrtc.media import ReplyTrack
 from core.private import keys, log_private, words
 from models.protocols import Audio
 from pipeline.events import ErrorEvent, OutEvent, ResponseDone, TranscriptFinal
+
+if TYPE_CHECKING:
+    from app.transports.sip.screen import Screen
 
 log = logging.getLogger(__name__)
 DISCONNECT = {"type": "websocket.disconnect", "code": 1000}
@@ -110,6 +113,8 @@ class LineWire:
         self.call = call
         self._label = label
         self.first_message = first_message
+        self.screen: Screen | None = None  # a call placed out, screened for an answering machine first
+        self.opening: asyncio.Task[None] | None = None
 
     @property
     def label(self) -> str:
@@ -119,7 +124,11 @@ class LineWire:
         log.warning("%s: %s: %s", self.label, code, message)
 
     async def greet(self) -> None:
-        if self.first_message and self.call.session is not None:
+        """The first message, at once; or, on a screened call, once the verdict is in (a task: the
+        call's loop runs meanwhile)."""
+        if self.screen is not None:
+            self.opening = asyncio.create_task(self.screen.open(self))
+        elif self.first_message and self.call.session is not None:
             await self.call.session.say(self.first_message)
 
     async def goodbye(self) -> None:
@@ -134,7 +143,11 @@ class LineWire:
         return True
 
     async def audio(self, samples: Audio) -> None:
-        """A piece of the caller's audio, at 8 kHz."""
+        """A piece of the caller's audio, at 8 kHz: to the screening until it has decided for a
+        person (a machine's greeting never reaches the session), then to the session."""
+        if self.screen is not None and not self.screen.lets_through():
+            await self.screen.screening.feed(samples)
+            return
         if self.call.session is not None and not self.call.writer.closed:
             await self.call.feed(samples)
 
