@@ -47,6 +47,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -314,6 +315,52 @@ async def one_phone_call(server: Server, question: str, tmp: Path, noisy: bool =
     }
 
 
+SIP_CALLER: Any = None  # bench/sip_caller.py's SipCaller, made with the first SIP call
+SIP_PORT = 0  # the SIP port of the server this script starts (--transport sip)
+
+
+async def one_sip_call(server: Server, question: str, tmp: Path) -> dict:
+    """A question over SIP as a trunk places it (bench/sip_caller.py): 8 kHz mu-law RTP both ways in
+    real time, every reply packet timestamped on arrival; the reply is heard at its first audible
+    sample, each packet played on arrival (a phone's smallest jitter buffer)."""
+    global SIP_CALLER
+    from bench.sip_caller import SipCaller
+
+    if SIP_CALLER is None:
+        SIP_CALLER = SipCaller()
+    samples = question_audio(question, tmp, PHONE_RATE)
+    clip = np.concatenate([np.zeros(int(0.3 * PHONE_RATE), dtype=np.int16), samples])
+    end_in_clip = 0.3 + speech_end_s(samples, PHONE_RATE)
+    before = set(re.findall(r"(sip_[0-9a-f]{16}): a call from", server.log()))
+    start, received = await SIP_CALLER.call(("127.0.0.1", SIP_PORT), clip, after_s=14.0)
+    true_end = start + end_in_clip
+    ids = [c for c in dict.fromkeys(re.findall(r"(sip_[0-9a-f]{16}): a call from", server.log())) if c not in before]
+    if not ids:
+        raise RuntimeError("the server logged no SIP call")
+    deadline = time.monotonic() + 20
+    while not (done := call_records(server.log(), ids[0])):
+        if time.monotonic() > deadline:  # counted as a turn without a reply, and shown
+            lines = [line for line in server.log().splitlines() if ids[0] in line]
+            print(f"  no reply on the SIP call {ids[0]}:\n    " + "\n    ".join(lines[-8:]), flush=True)
+            return {"ended_by": None, "question": question, "heard": "", "reply": "", "status": "no_reply",
+                    "marks": {}, "server_v2v": None, "true_v2v": None, "tokens_per_second": None}
+        await asyncio.sleep(0.05)
+    after = [(at, pcm) for at, pcm in received.packets if at > true_end]
+    audible = first_audible(after, PHONE_RATE)
+    arrived = next((at for at, pcm in after if np.frombuffer(pcm, dtype="<i2").any()), None)
+    reply, heard = done[0], call_records(server.log(), ids[0], "caller")
+    return {
+        "ended_by": None, "preemptive": reply.get("preemptive", False), "discarded": reply.get("discarded", 0),
+        "question": question, "heard": heard[0]["text"] if heard else "", "reply": reply["text"],
+        "status": reply["status"], "marks": reply["latency_ms"], "server_v2v": reply.get("voice_to_voice_ms"),
+        "true_v2v": (audible - true_end) * 1000 if audible else None,
+        "tokens_per_second": reply.get("llm", {}).get("tokens_per_second"),
+        "timeline": {**server_timeline(reply),
+                     "first_audio_received": None if arrived is None else round((arrived - true_end) * 1000, 1),
+                     "first_audible": None if audible is None else round((audible - true_end) * 1000, 1)},
+    }
+
+
 REALTIME_RATE = 24000
 
 
@@ -472,6 +519,8 @@ async def run(urls: dict[str, Any], repeat: int, rate: int
                         r = await one_phone_call(target[1], question, Path(tmp), noisy=True)
                     elif isinstance(target, tuple) and target[0] == "webrtc":
                         r = await one_webrtc_call(target[1], question, Path(tmp))
+                    elif isinstance(target, tuple) and target[0] == "sip":
+                        r = await one_sip_call(target[1], question, Path(tmp))
                     elif isinstance(target, tuple):
                         r = await one_realtime_call(target[1], question, Path(tmp))
                     else:
@@ -705,9 +754,9 @@ def main() -> None:
     global WEBRTC_AS_ARRIVED
     WEBRTC_AS_ARRIVED = args.webrtc_jitter_buffer == "none"
     transports = ["ws", "twilio"] if args.transport == "both" else args.transport.split(",")
-    if not transports or set(transports) - {"ws", "twilio", "realtime", "webrtc"}:
-        parser.error(f"--transport {args.transport!r}: ws, twilio, realtime, webrtc, or a comma-separated list")
-    global VOICE, NOISE
+    if not transports or set(transports) - {"ws", "twilio", "realtime", "webrtc", "sip"}:
+        parser.error(f"--transport {args.transport!r}: ws, twilio, realtime, webrtc, sip, or a comma-separated list")
+    global VOICE, NOISE, SIP_PORT
     VOICE = args.voice
     print(f"CPU: {cpu.describe()}; caller voice: {VOICE}")
     if args.noise:
@@ -733,6 +782,14 @@ def main() -> None:
             env = {"VOICE_AGENT_LLM__TEMPERATURE": "0.7", **dict(s.split("=", 1) for s in args.set)}
             if "twilio" in transports:
                 env.update(PHONE_ENV)
+            if "sip" in transports:
+                from bench.sip_caller import _free_port
+
+                SIP_PORT = _free_port()
+                env.update({"VOICE_AGENT_SIP__ENABLED": "true", "VOICE_AGENT_SIP__HOST": "127.0.0.1",
+                            "VOICE_AGENT_SIP__PORT": str(SIP_PORT),
+                            "VOICE_AGENT_SIP__TRUSTED_ADDRESSES": '["127.0.0.1"]',
+                            "VOICE_AGENT_SERVER__LOG_CALLER_CONTENT": "info"})
             print("server settings:", env, "baseline adds:", baseline)
             urls: dict[str, str | Server | tuple[str, Server]] = {}
             for name, extra in (("defaults", {}), ("baseline", baseline)) if baseline else (("defaults", {}),):

@@ -110,28 +110,38 @@ class MachineDetector:
         self.config = config
         self.rate = rate
         self.beeps = BeepFinder(rate, config.beep_min_s)
-        self.elapsed = 0.0  # seconds of audio fed
-        self.speech_s = 0.0  # all speech so far
-        self.run_s = 0.0  # the current stretch of speech
-        self.pause_run_s = 0.0  # the current stretch without speech, since speech began
+        self.samples = 0  # audio fed, counted exactly (times are derived, never summed)
+        self.window_s = 0.0  # the VAD's window
+        self.speech_windows = 0  # windows of speech so far
+        self.pause_windows = 0  # the current stretch of windows without speech, once speech began
         self.started = False  # someone has spoken
         self.verdict: Verdict | None = None
+
+    @property
+    def elapsed(self) -> float:
+        return self.samples / self.rate
+
+    @property
+    def speech_s(self) -> float:
+        return self.speech_windows * self.window_s
+
+    @property
+    def pause_run_s(self) -> float:
+        return self.pause_windows * self.window_s
 
     def feed(self, samples: Audio, speech: list[float], window_s: float) -> Verdict | None:
         """`samples`, and the VAD's speech probabilities that became known with them, each over a
         window of `window_s` seconds (a VAD's windows need not match the frames fed)."""
         self.beeps.feed(samples)
-        self.elapsed += len(samples) / self.rate
+        self.samples += len(samples)
+        self.window_s = window_s
         for probability in speech:
             if probability >= self.config.speech_threshold:
                 self.started = True
-                self.speech_s += window_s
-                self.run_s += window_s
-                self.pause_run_s = 0.0
-            else:
-                self.run_s = 0.0
-                if self.started:
-                    self.pause_run_s += window_s
+                self.speech_windows += 1
+                self.pause_windows = 0
+            elif self.started:
+                self.pause_windows += 1
         if self.verdict is None:
             self.verdict = self._decide()
         return self.verdict
@@ -152,7 +162,7 @@ class MachineDetector:
             return Verdict("human", at, "short greeting")
         if self.started and self.pause_run_s >= c.wait_s:
             return Verdict("human", at, "waited")
-        if not self.started and self.elapsed >= c.silence_s:
+        if not self.started and self.samples >= round(c.silence_s * self.rate):
             return Verdict("human", at, "silence")
         return None
 
