@@ -14,7 +14,7 @@ from pipeline.turns import MARKS
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)
 STAGES = tuple(m for m in MARKS if m != "speech_end")
-TRANSPORTS = ("ws", "twilio", "telnyx", "realtime", "webrtc", "sip")  # the native socket, phone calls, Realtime, WebRTC, SIP
+TRANSPORTS = ("ws", "twilio", "telnyx", "realtime", "webrtc", "sip")  # every transport, for the labels
 
 
 class Metrics:
