@@ -14,7 +14,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from app import health, openai_api, outbound, qa_api, qa_pages
+from app import health, openai_api, qa_api, qa_pages
 from app.metrics_server import metrics_route, start_metrics_server
 from app.redact import hold_value_loggers, install_log_redaction
 from app.runtime import Runtime
@@ -22,6 +22,7 @@ from app.security import access
 from app.security.guard import Guard
 from app.security.limits import parse_networks
 from app.settings import Settings
+from app.transports import outbound
 from app.transports.native import wire as native
 from app.transports.phone import telnyx, twilio
 from app.transports.realtime import secrets as realtime_secrets

@@ -17,7 +17,6 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.store.config import OtelConfig, StorageConfig
-from app.transports.answering_machine import MachineDetection
 from core.errors import ConfigError
 from models.config import AsrConfig, LlmConfig, TtsConfig, TurnConfig, VadConfig
 from models.protocols import SamplingParams
@@ -265,6 +264,22 @@ class SipConfig(BaseModel):
     rtp_timeout_s: float = Field(
         30.0, gt=0, le=3600, description="a call whose caller sends no RTP this long is ended (BYE)")
     trunk: SipTrunk = SipTrunk()
+
+
+class MachineDetection(BaseModel):
+    """How a call placed out tells a person from an answering machine (tuned on espeak-ng's voices;
+    bench/answering_machine.py reports held-out voices)."""
+
+    human_max_speech_s: float = Field(1.9, gt=0, description="a greeting no longer than this, then a pause, is a "
+                                      "person's")
+    pause_s: float = Field(0.5, gt=0, description="the pause after a person's short greeting")
+    machine_speech_s: float = Field(2.5, gt=0, description="a greeting with this much speech (its pauses aside) is "
+                                    "a machine's")
+    wait_s: float = Field(1.6, gt=0, description="a greeting of any length below machine_speech_s, then this long "
+                          "without a beep or a word: a person waiting for an answer")
+    silence_s: float = Field(3.0, gt=0, description="nobody speaking this long: a person who answered silently")
+    beep_min_s: float = Field(0.15, gt=0, description="the shortest steady tone taken for a beep")
+    speech_threshold: float = Field(0.5, gt=0, lt=1, description="the VAD probability counted as speech")
 
 
 class Settings(BaseSettings):

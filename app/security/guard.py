@@ -77,7 +77,7 @@ MINTED_SESSION = "voice_agent.minted_session"  # scope key: an ephemeral key's s
 TAKE_CALL_SLOT = "voice_agent.take_call_slot"  # scope key: an HTTP-signalled call's place in its client's count
 REALTIME_CALLS_PATH = "/v1/realtime/calls"  # WebRTC calls (app/transports/webrtc/realtime.py)
 WEBRTC_CALLS_PATH = "/webrtc/calls"  # the page's WebRTC calls (app/transports/webrtc/native.py)
-OUTBOUND_CALLS_PATH = "/api/calls/outbound"  # calls the service places (app/outbound.py)
+OUTBOUND_CALLS_PATH = "/api/calls/outbound"  # calls the service places (app/transports/outbound.py)
 RATE_LIMITS = "voice_agent.rate_limits"  # scope key: what the socket's client has left of its limits, asked later
 OPEN_PATHS = frozenset({"/", "/healthz", "/livez", "/readyz", "/api/auth", "/api/login", "/api/logout", "/twilio/voice",
                         "/twilio/media", "/telnyx/media"})

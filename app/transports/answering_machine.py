@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, Field
 
+from app.settings import MachineDetection
 from models.protocols import Audio
 from pipeline.audio import resample
 
@@ -31,22 +31,6 @@ MACHINE_WORDS = re.compile(
     r"voice ?mail|mailbox|reached the|you have reached|you've reached|get back to you|return your call|"
     r"at the (?:tone|beep)|record your message|away from (?:the|my) phone",
     re.IGNORECASE)
-
-
-class MachineDetection(BaseModel):
-    """How a call placed out tells a person from an answering machine (tuned on espeak-ng's voices;
-    bench/answering_machine.py reports held-out voices)."""
-
-    human_max_speech_s: float = Field(1.9, gt=0, description="a greeting no longer than this, then a pause, is a "
-                                      "person's")
-    pause_s: float = Field(0.5, gt=0, description="the pause after a person's short greeting")
-    machine_speech_s: float = Field(2.5, gt=0, description="a greeting with this much speech (its pauses aside) is "
-                                    "a machine's")
-    wait_s: float = Field(1.6, gt=0, description="a greeting of any length below machine_speech_s, then this long "
-                          "without a beep or a word: a person waiting for an answer")
-    silence_s: float = Field(3.0, gt=0, description="nobody speaking this long: a person who answered silently")
-    beep_min_s: float = Field(0.15, gt=0, description="the shortest steady tone taken for a beep")
-    speech_threshold: float = Field(0.5, gt=0, lt=1, description="the VAD probability counted as speech")
 
 
 @dataclass(frozen=True)
