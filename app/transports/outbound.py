@@ -107,6 +107,8 @@ async def place_call(request: Request) -> JSONResponse:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         return _error(400, "invalid_request", f"{where}: {first['msg']}")
+    if order.answering_machine == "leave_message" and not order.voicemail_message:
+        return _error(400, "invalid_request", "voicemail_message: required with answering_machine leave_message")
     if order.transport == "sip":
         sip: SipCalls | None = getattr(request.app.state, "sip", None)
         if sip is None:
@@ -117,8 +119,6 @@ async def place_call(request: Request) -> JSONResponse:
             return _error(400, "bad_destination", str(exc))
     else:
         return _error(501, "not_supported", f"calls out over {order.transport} are not served yet; use sip")
-    if order.answering_machine == "leave_message" and not order.voicemail_message:
-        return _error(400, "invalid_request", "voicemail_message: required with answering_machine leave_message")
     take = request.scope.get(TAKE_CALL_SLOT)
     slot = await take() if take is not None else None
     if take is not None and slot is None:
