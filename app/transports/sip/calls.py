@@ -124,6 +124,8 @@ class SipCalls:
         self._spawn(self._take(invite))
 
     def _hangup(self, dialog: Any, origin: str) -> None:
+        if id(dialog) not in self.calls and id(dialog) not in self.dialing:
+            dialog.ended_early = True  # a CANCEL before the answer: _answer gives the call up
         call = self.calls.get(id(dialog))
         if call is not None and not call.hung_up:
             log.info("%s: the far end hung up (%s)", call.label, origin)
@@ -173,6 +175,11 @@ class SipCalls:
             log.error("%s: %s", line.label, exc)
             line.call.release()
             run(Signalling.refuse, invite.dialog, 500, "No Media Port")
+            return
+        if getattr(invite.dialog, "ended_early", False):  # the caller gave up (CANCEL) while it was admitted
+            log.info("%s: cancelled by the caller before the answer", line.label)
+            line.call.release()
+            await media.close()
             return
         run(Signalling.answer, invite.dialog, sdp.write(self.signalling.address, media.port, (codec,),
                                                         offer.dtmf_type()))
