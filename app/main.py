@@ -73,6 +73,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
 
     app = FastAPI(title="voice-agent", version="0.1.0", lifespan=lifespan)
     app.state.runtime = runtime
+    app.state.placed_calls = outbound.PlacedCalls()
     settings = runtime.settings
     runtime.metrics.call_slots.set(settings.server.max_sessions)
     app.state.access = access.Access(settings.server, runtime.clock,

@@ -31,6 +31,16 @@ def free_udp_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def _taken(host: str, port: int) -> bool:
+    """Whether a UDP port is bound by another program."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def write_wav(path: Path, samples: np.ndarray, rate: int = 8000) -> Path:
     with wave.open(str(path), "wb") as out:
         out.setnchannels(1)
@@ -95,6 +105,17 @@ class Baresip:
     @property
     def uri(self) -> str:
         return f"sip:{self.user}@{self.host}:{self.port}"
+
+    async def answering(self, seconds: float) -> asyncio.Task[Heard]:
+        """Run the phone for `seconds` in a task, once it listens for calls (its SIP port is taken)."""
+        task = asyncio.create_task(self.run(seconds))
+        deadline = asyncio.get_running_loop().time() + 30
+        while not _taken(self.host, self.port):
+            if task.done() or asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"baresip did not listen on {self.host}:{self.port}: "
+                                   f"{(await task).log[-2000:] if task.done() else 'not within 30 s'}")
+            await asyncio.sleep(0.05)
+        return task
 
     async def run(self, seconds: float, dial: str | None = None) -> Heard:
         """Run the phone for `seconds` (dialling `dial` first, if given) and return what it heard."""

@@ -177,29 +177,35 @@ class Screening:
         self.asked: set[float] = set()
         self.decided = asyncio.Event()
         self.greeting_over = asyncio.Event()
-        self.verdict: Verdict | None = None
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self.detector.verdict
+
+    def decide(self, verdict: Verdict) -> None:
+        """A verdict from outside (none came in time)."""
+        self.detector.verdict = verdict
+        self.decided.set()
 
     async def feed(self, samples: Audio) -> None:
         if self.greeting_over.is_set():
             return
-        self.audio.append(samples)
+        if self.verdict is None:  # the greeting's words are asked for until the verdict
+            self.audio.append(samples)
         vad_rate = self.backends.vad.sample_rate
         speech = await self.backends.vad_worker.run(self.vad.probabilities, resample(samples, self.rate, vad_rate))
-        verdict = self.detector.feed(samples, speech, self.window_s)
-        if verdict is None:
-            verdict = await self._words()
-        if verdict is not None and self.verdict is None:
-            self.verdict = verdict
+        if self.detector.feed(samples, speech, self.window_s) is None:
+            await self._words()
+        if self.verdict is not None:
             self.decided.set()
-        if self.verdict is not None and (self.verdict.kind == "human" or self.detector.greeting_over):
-            self.greeting_over.set()
+            if self.verdict.kind == "human" or self.detector.greeting_over:
+                self.greeting_over.set()
 
-    async def _words(self) -> Verdict | None:
+    async def _words(self) -> None:
         for checkpoint in WORD_CHECKS:
             if self.detector.speech_s >= checkpoint and checkpoint not in self.asked:
                 self.asked.add(checkpoint)
                 asr = self.backends.asr
                 greeting = resample(np.concatenate(self.audio), self.rate, asr.sample_rate)
-                text = await self.backends.asr_worker.run(asr.transcribe, greeting)
-                return self.detector.heard(text)
-        return None
+                self.detector.heard(await self.backends.asr_worker.run(asr.transcribe, greeting))
+                return

@@ -89,9 +89,7 @@ def _error(status: int, code: str, message: str) -> JSONResponse:
 
 
 def placed_calls(request: Request) -> PlacedCalls:
-    placed: PlacedCalls | None = getattr(request.app.state, "placed_calls", None)
-    if placed is None:
-        placed = request.app.state.placed_calls = PlacedCalls()
+    placed: PlacedCalls = request.app.state.placed_calls  # made with the app (app/main.py)
     return placed
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -74,6 +74,23 @@ def calls_in_log(server: Server) -> list[str]:
     return list(dict.fromkeys(re.findall(r"(sip_[0-9a-f]{16}): (?:a call from|calling)", server.log())))
 
 
+async def until(http: httpx.AsyncClient, path: str, over: Callable[[dict], bool]) -> dict:
+    """GET `path` until `over` holds for its JSON (the service writes records and states as calls end)."""
+    deadline = asyncio.get_running_loop().time() + 20
+    while not over(body := (await http.get(path)).json()):
+        assert asyncio.get_running_loop().time() < deadline, body
+        await asyncio.sleep(0.2)
+    return body
+
+
+def record_ended(body: dict) -> bool:
+    return bool(body.get("call", {}).get("ended_at"))
+
+
+def call_over(body: dict) -> bool:
+    return body.get("status") in ("ended", "failed")
+
+
 def heard_words(recognizer: FasterWhisperRecognizer, audio: np.ndarray) -> list[str]:
     return words(recognizer.transcribe(resample(audio, 8000, 16000)))
 
@@ -96,11 +113,7 @@ async def test_a_sip_call_is_answered_and_the_question_gets_a_spoken_answer(
     assert len(said & set(heard_words(recognizer, heard.audio()))) / len(said) >= 0.6
     # the call's record: transport sip, ended by the caller's BYE
     async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {KEY}"}) as http:
-        for _ in range(50):
-            record = (await http.get(f"/api/calls/{call_id}")).json()
-            if record.get("call", {}).get("ended_at"):
-                break
-            await asyncio.sleep(0.2)
+        record = await until(http, f"/api/calls/{call_id}", record_ended)
     assert record["call"]["transport"] == "sip" and record["call"]["end_reason"] == "hangup", record["call"]
     assert len(record["turns"]) == 1
 
@@ -109,8 +122,7 @@ async def test_an_outbound_call_reaches_the_phone_and_says_its_first_message(
         sip_server: tuple[Server, int], tmp_path: Path, recognizer: FasterWhisperRecognizer) -> None:
     server, _ = sip_server
     phone = Baresip(tmp_path / "callee", microphone(tmp_path, None, after_s=12))
-    ringing = asyncio.create_task(phone.run(14))
-    await asyncio.sleep(1.5)  # the phone is up and listening
+    ringing = await phone.answering(14)
     async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {KEY}"}) as http:
         placed = await http.post("/api/calls/outbound", json={
             "to": phone.uri, "first_message": FIRST_MESSAGE, "reason": "appointment reminder"})
@@ -118,11 +130,7 @@ async def test_an_outbound_call_reaches_the_phone_and_says_its_first_message(
         body = placed.json()
         assert body["status"] == "dialing" and body["transport"] == "sip" and body["to"] != phone.uri  # masked
         heard = await ringing
-        for _ in range(50):
-            state = (await http.get(f"/api/calls/outbound/{body['id']}")).json()
-            if state["status"] in ("ended", "failed"):
-                break
-            await asyncio.sleep(0.2)
+        state = await until(http, f"/api/calls/outbound/{body['id']}", call_over)
         assert state["status"] == "ended" and state["detail"] == "hangup", state
         record = (await http.get(f"/api/calls/{body['call_id']}")).json()
     assert heard.established, heard.log[-2000:]
@@ -186,8 +194,7 @@ async def test_a_caller_who_asks_for_the_front_desk_is_transferred_there(
         sip_server: tuple[Server, int], tmp_path: Path) -> None:
     server, port = sip_server
     desk = Baresip(tmp_path / "desk", microphone(tmp_path, None, after_s=40), port=DESK_PORT, user="desk")
-    answering = asyncio.create_task(desk.run(45))
-    await asyncio.sleep(1.5)
+    answering = await desk.answering(45)
     caller = Baresip(tmp_path / "caller", microphone(tmp_path, "Please transfer me to the front desk.", after_s=25))
     before = calls_in_log(server)
     heard = await caller.run(35, dial=f"sip:agent@127.0.0.1:{port}")
@@ -201,11 +208,7 @@ async def test_a_caller_who_asks_for_the_front_desk_is_transferred_there(
     turns = call_records(log, call_id)
     assert [t["status"] for t in turns] == ["tool_calls", "completed"], turns
     async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {KEY}"}) as http:
-        for _ in range(50):
-            record = (await http.get(f"/api/calls/{call_id}")).json()
-            if record.get("call", {}).get("ended_at"):
-                break
-            await asyncio.sleep(0.2)
+        record = await until(http, f"/api/calls/{call_id}", record_ended)
     assert record["call"]["end_reason"] == "transferred", record["call"]
     (tool_call,) = record["turns"][0]["tool_calls"]
     assert tool_call["name"] == "transfer_call" and "front desk" in tool_call["arguments"], tool_call
@@ -217,19 +220,14 @@ VOICEMAIL = "Hello Jordan, this is the dental clinic. Your appointment is tomorr
 async def place_screened(server: Server, phone: Baresip, seconds: float) -> tuple[dict, Heard]:
     """A call out to `phone` with answering-machine detection leaving VOICEMAIL; (its state at the
     end, what the phone heard)."""
-    ringing = asyncio.create_task(phone.run(seconds))
-    await asyncio.sleep(1.5)
+    ringing = await phone.answering(seconds)
     async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {KEY}"}) as http:
         placed = await http.post("/api/calls/outbound", json={
             "to": phone.uri, "first_message": FIRST_MESSAGE, "answering_machine": "leave_message",
             "voicemail_message": VOICEMAIL})
         assert placed.status_code == 201, placed.text
         heard = await ringing
-        for _ in range(50):
-            state = (await http.get(f"/api/calls/outbound/{placed.json()['id']}")).json()
-            if state["status"] in ("ended", "failed"):
-                break
-            await asyncio.sleep(0.2)
+        state = await until(http, f"/api/calls/outbound/{placed.json()['id']}", call_over)
     return state, heard
 
 

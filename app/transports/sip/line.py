@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starlette.datastructures import Address
 from starlette.websockets import WebSocketDisconnect, WebSocketState
@@ -18,6 +18,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from app.metrics import Metrics
 from app.transports.call import Call, Message
 from app.transports.phone.wire import logged_turn
+from app.transports.queue_socket import QueueSocket
 from app.transports.webrtc.media import ReplyTrack
 from core.private import keys, log_private, words
 from models.protocols import Audio
@@ -27,43 +28,17 @@ if TYPE_CHECKING:
     from app.transports.sip.screen import Screen
 
 log = logging.getLogger(__name__)
-DISCONNECT = {"type": "websocket.disconnect", "code": 1000}
 
 
-class DialogSocket:
+class DialogSocket(QueueSocket):
     """The subset of Starlette's WebSocket the call runner uses, over a SIP dialog: `put` queues the
     line's events (a key, the far end's hang-up); `close` hangs up (BYE) through `on_close`."""
 
+    flooded = "a SIP call sent more than %d events unread; ending it"
+
     def __init__(self, client: Address | None, on_close: Callable[[str], Awaitable[None]]) -> None:
-        self.scope: dict[str, Any] = {"type": "sip"}
-        self.client = client
+        super().__init__({"type": "sip"}, client)
         self.on_close = on_close
-        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=256)
-        self.application_state = WebSocketState.CONNECTING
-
-    def put(self, message: dict[str, Any]) -> None:
-        if self.application_state == WebSocketState.DISCONNECTED:
-            return
-        try:
-            self.inbox.put_nowait(message)
-        except asyncio.QueueFull:  # a peer flooding keys: the call is ended, not the server's memory
-            log.warning("a SIP call sent more than %d events unread; ending it", self.inbox.maxsize)
-            self.gone()
-
-    def gone(self) -> None:
-        """The far end hung up (BYE, CANCEL) or stopped sending media."""
-        if self.application_state != WebSocketState.DISCONNECTED:
-            self.application_state = WebSocketState.DISCONNECTED
-            while not self.inbox.empty():
-                self.inbox.get_nowait()
-            self.inbox.put_nowait(DISCONNECT)
-
-    async def accept(self, subprotocol: str | None = None) -> None:
-        if self.application_state == WebSocketState.CONNECTING:
-            self.application_state = WebSocketState.CONNECTED
-
-    async def receive(self) -> dict[str, Any]:
-        return await self.inbox.get()
 
     async def send_text(self, data: str) -> None:
         if self.application_state == WebSocketState.DISCONNECTED:

@@ -166,7 +166,7 @@ class RtpSession(asyncio.DatagramProtocol):
         self.latched = False
         self.inbox: asyncio.Queue[RtpPacket | None] = asyncio.Queue(maxsize=500)  # 10 s of 20 ms packets
         self.last_packet_at = self.clock.now()
-        self.packets_in = self.packets_out = self.dropped = 0
+        self.dropped = 0  # packets dropped because the pipeline was 10 s behind (logged at the end)
         self.ssrc = secrets.randbits(32)
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -205,7 +205,6 @@ class RtpSession(asyncio.DatagramProtocol):
 
     async def _receive_loop(self) -> None:
         while (packet := await self.inbox.get()) is not None:
-            self.packets_in += 1
             key = self.keys.add(packet)
             if key is not None:
                 await self.on_key(key)
@@ -218,15 +217,13 @@ class RtpSession(asyncio.DatagramProtocol):
         timestamp = secrets.randbits(32)
         first = True
         while self.track.readyState == "live":
-            frame = await self.track.recv()
-            pcm = bytes(frame.planes[0])[:2 * frame.samples]
+            pcm = await self.track.next_frame()
             if self.transport is not None and self.remote is not None and not self.transport.is_closing():
                 header = rtp_header(self.payload_type, sequence, timestamp, self.ssrc, marker=first)
-                self.transport.sendto(header + encode(self.payload_type, pcm), self.remote)
-                self.packets_out += 1
+                self.transport.sendto(header + encode(self.payload_type, pcm.tobytes()), self.remote)
                 first = False
             sequence += 1
-            timestamp += frame.samples
+            timestamp += len(pcm)
 
     async def close(self) -> None:
         self.track.stop()
@@ -237,6 +234,9 @@ class RtpSession(asyncio.DatagramProtocol):
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.dropped:
+            log.warning("%d of the caller's RTP packets were dropped: the pipeline was over 10 s behind",
+                        self.dropped)
         if self.transport is not None:
             self.transport.close()
 

@@ -15,12 +15,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from app.transports.answering_machine import MachineDetection, Screening, Verdict
-
-if TYPE_CHECKING:
-    from app.transports.sip.line import LineWire
+from app.transports.sip.line import LineOutbound, LineWire
 
 log = logging.getLogger(__name__)
 MAX_GREETING_S = 30.0  # a machine's greeting (and beep) longer than this: the message begins anyway
@@ -42,14 +39,12 @@ class Screen:
 
     async def open(self, wire: LineWire) -> None:
         call = wire.call
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.screening.decided.wait(), NO_AUDIO_S)
-            verdict = self.screening.verdict
-        except TimeoutError:
-            verdict = None
+        verdict = self.screening.verdict
         if verdict is None:
             verdict = Verdict("human", NO_AUDIO_S, "no audio")
-            self.screening.verdict = verdict
+            self.screening.decide(verdict)
         log.info("%s: answered by a %s (%s, decided %.2f s after the answer)", wire.label, verdict.kind, verdict.why,
                  verdict.at_s)
         self.on_verdict(verdict)
@@ -67,9 +62,9 @@ class Screen:
             await asyncio.wait_for(self.screening.greeting_over.wait(), MAX_GREETING_S)
         log.info("%s: the machine's greeting is over; leaving the message", wire.label)
         await session.say(self.message)
-        outbound = session.outbound
-        track = getattr(outbound, "track", None)
-        while session.reply is not None or (track is not None and not track.drained.is_set()):
-            await asyncio.sleep(0.1)
+        if session.reply is not None:
+            await session.reply.ended.wait()
+        if isinstance(session.outbound, LineOutbound):
+            await session.outbound.track.drained.wait()  # all of it handed to RTP
         await asyncio.sleep(0.3)  # the last packet's way to the machine
         call.hang_up("voicemail_left")

@@ -17,20 +17,20 @@ from aiortc import RTCDataChannel
 from starlette.datastructures import Address
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from app.transports.queue_socket import QueueSocket
+
 log = logging.getLogger(__name__)
-DISCONNECT = {"type": "websocket.disconnect", "code": 1000}
 
 
-class ChannelSocket:
+class ChannelSocket(QueueSocket):
     """The subset of Starlette's WebSocket the call runner uses, over a data channel."""
 
+    flooded = "a WebRTC data channel sent more than %d messages unread; closing the call"
+
     def __init__(self, scope: dict[str, Any], client: Address | None, on_close: Callable[[], Awaitable[None]]) -> None:
-        self.scope = scope
-        self.client = client
+        super().__init__(scope, client)
         self.on_close = on_close  # ends the peer connection
         self.channel: RTCDataChannel | None = None
-        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=256)
-        self.application_state = WebSocketState.CONNECTING
         self.opened = asyncio.Event()
 
     def attach(self, channel: RTCDataChannel) -> None:
@@ -39,8 +39,8 @@ class ChannelSocket:
 
         @channel.on("message")
         def on_message(message: str | bytes) -> None:
-            self._put({"type": "websocket.receive", "text": message} if isinstance(message, str)
-                      else {"type": "websocket.receive", "bytes": message})
+            self.put({"type": "websocket.receive", "text": message} if isinstance(message, str)
+                     else {"type": "websocket.receive", "bytes": message})
 
         @channel.on("close")
         def on_close() -> None:
@@ -51,31 +51,7 @@ class ChannelSocket:
         else:
             channel.on("open", self.opened.set)
 
-    def _put(self, message: dict[str, Any]) -> None:
-        try:
-            self.inbox.put_nowait(message)
-        except asyncio.QueueFull:  # a peer flooding the channel: the call is ended, not the server's memory
-            log.warning("a WebRTC data channel sent more than %d messages unread; closing the call",
-                        self.inbox.maxsize)
-            self.gone()
-
-    def gone(self) -> None:
-        """The peer hung up (the channel or the connection closed)."""
-        if self.application_state != WebSocketState.DISCONNECTED:
-            self.application_state = WebSocketState.DISCONNECTED
-            while not self.inbox.empty():
-                self.inbox.get_nowait()
-            self.inbox.put_nowait(DISCONNECT)
-
-    # -- the runner's side ---------------------------------------------------------------------------
-    async def accept(self, subprotocol: str | None = None) -> None:
-        """Connected once the peer's channel is open (the runner's start timeout covers the wait)."""
-        if self.application_state == WebSocketState.CONNECTING:
-            self.application_state = WebSocketState.CONNECTED
-
-    async def receive(self) -> dict[str, Any]:
-        return await self.inbox.get()
-
+    # -- the runner's side (accept: connected at once; sending waits for the channel to open) ----------
     async def send_text(self, data: str) -> None:
         await self._send(data)
 

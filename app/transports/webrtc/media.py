@@ -132,6 +132,17 @@ class ReplyTrack(MediaStreamTrack):
         return 1000 * self.sent.get(turn_id, 0) / self.rate
 
     async def recv(self) -> av.AudioFrame:
+        pcm = await self.next_frame()
+        frame = av.AudioFrame(format="s16", layout="mono", samples=self.frame)
+        frame.planes[0].update(pcm.tobytes())
+        frame.sample_rate = self.rate
+        frame.pts = (self.frames - 1) * self.frame
+        frame.time_base = fractions.Fraction(1, self.rate)
+        return frame
+
+    async def next_frame(self) -> np.ndarray:
+        """The next 20 ms of int16 samples, when they are due (what `recv` wraps for aiortc; a SIP
+        line sends it as it is)."""
         if self.readyState != "live":
             raise MediaStreamError
         now = self.clock.now()
@@ -143,13 +154,8 @@ class ReplyTrack(MediaStreamTrack):
         elif now - due > MAX_GAP_S:  # the sender stalled (a paused loop): start the frame clock again
             self.started, self.frames = now, 0
         pcm = self._take()
-        frame = av.AudioFrame(format="s16", layout="mono", samples=self.frame)
-        frame.planes[0].update(pcm.tobytes())
-        frame.sample_rate = self.rate
-        frame.pts = self.frames * self.frame
-        frame.time_base = fractions.Fraction(1, self.rate)
         self.frames += 1
-        return frame
+        return pcm
 
     def _take(self) -> np.ndarray:
         """The next frame's samples: queued audio, then silence; counted per turn as sent."""
