@@ -46,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.turn_evidence import WINDOW_MS, Pause, gather
+from bench.turn_evidence import WINDOW_MS, Pause, gather, measure_prosody
 from bench.turn_set import HELD_OUT, HUMAN_MIN_S, KINDS, TUNED, Sample, build_set, pick_voices
 from bench.turn_train import pause_evidence, train
 from bench.voices import Renderer, families, human_utterances
@@ -219,15 +219,15 @@ def with_curve(model: TurnModel, sure: float, doubt: float, patience: int, hold:
     return TurnModel(model.weights, sure, doubt, patience, model.trained_on, hold)
 
 
-def tune_learned(families: dict[str, list[Replay]], base: EndpointingConfig,
-                 trained_on: str, without: Sequence[str] = ()) -> tuple[Method, dict[str, Any], int]:
+def tune_learned(families: dict[str, list[Replay]], base: EndpointingConfig, trained_on: str,
+                 without: Sequence[str] = (), prosody: bool = False) -> tuple[Method, dict[str, Any], int]:
     """The learned decision: weights fitted on the tuned families' pauses (with and without the
     sound), then the patience curve chosen on the same families like the rules' settings."""
     pairs = [(r.sample, p) for replays in families.values() for r in replays for p in r.pauses]
     config = base.model_copy(update={"decision": "learned"})
     methods = []
     for sound in (False, True):
-        model = train(pairs, sound, trained_on + (", with the sound" if sound else ""), without)
+        model = train(pairs, sound, trained_on + (", with the sound" if sound else ""), without, prosody)
         for sure, doubt, patience, hold in itertools.product(*LEARNED_GRID.values()):
             if doubt <= sure:
                 methods.append(Method("learned", config, with_curve(model, sure, doubt, patience, hold)))
@@ -320,6 +320,8 @@ def main() -> None:
     parser.add_argument("--without", default="",
                         help="with --train: leave these features (comma-separated, of pipeline/turn_model.FEATURES) "
                              "out of the learned decision, to see what they bring")
+    parser.add_argument("--with-prosody", action="store_true",
+                        help="with --train: weigh the turn's prosody too (pipeline/prosody.py; not shipped)")
     parser.add_argument("--train", metavar="FILE", nargs="?", const=str(SHIPPED),
                         help="train the learned decision on the tuned families and write it here (default: the "
                              "shipped pipeline/turn_decision.json); without it, the shipped file is scored")
@@ -332,6 +334,7 @@ def main() -> None:
     samples, skipped = build_set(tuned_voices + held_voices, human_utterances(min_s=HUMAN_MIN_S), renderer,
                                  args.limit)
     evidence = gather(samples, args.early_final_ms)
+    measure_prosody(samples, evidence)
     replays = [Replay(s, evidence[s.id], args.audio_ms, args.words_after_ms) for s in samples]
     by_family: dict[str, list[Replay]] = {}
     for r in replays:
@@ -367,7 +370,9 @@ def main() -> None:
         without = [f for f in args.without.split(",") if f]
         if without:
             trained_on += f"; without {', '.join(without)}"
-        method, s, tried = tune_learned(tuned_families, base, trained_on, without)
+        if args.with_prosody:
+            trained_on += "; with the prosody"
+        method, s, tried = tune_learned(tuned_families, base, trained_on, without, args.with_prosody)
         assert method.model is not None
         Path(args.train).write_text(json.dumps(method.model.to_json(), indent=1) + "\n")
         load_turn_model.cache_clear()

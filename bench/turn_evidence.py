@@ -36,6 +36,7 @@ from models.protocols import ChatMessage
 from models.speech.asr_faster_whisper import FasterWhisperRecognizer
 from models.speech.turn_smart import SmartTurn
 from models.speech.vad_silero import SileroVad
+from pipeline import prosody
 from pipeline.config import DEFAULT_SYSTEM_PROMPT, EndpointingConfig
 from pipeline.endpointing import TURN_MODEL_S, Endpointer
 from pipeline.turn_policy import bare_words
@@ -66,6 +67,7 @@ class Pause:
     speech_ms: float = 0.0  # the audio transcribed: the turn from its start less the padding, to the pause
     last_word_prob: float | None = None  # the recognizer's confidence in the last word and the end mark
     end_mark_prob: float | None = None
+    prosody: dict[str, float] | None = None  # pipeline/prosody.py's measures at the pause: filled in by measure_prosody
 
 
 class Gatherer:
@@ -168,6 +170,17 @@ def weigh_words(evidence: dict[str, list[Pause]], say: Any = print) -> None:
     for ps in evidence.values():
         for p in ps:
             p.p_text, p.llm_ms = cached[p.words] if p.words else (None, 0.0)
+
+
+def measure_prosody(samples: list[Sample], evidence: dict[str, list[Pause]]) -> None:
+    """Fill in each pause's prosody from the turn's audio up to the pause (what the session hands
+    the judge: the turn from its start less the padding, the last TURN_MODEL_S seconds)."""
+    for sample in samples:
+        for p in evidence[sample.id]:
+            end = int(p.at_ms * RATE / 1000)
+            start = max(0, end - int(p.speech_ms * RATE / 1000), end - int(TURN_MODEL_S * RATE))
+            measured = prosody.measure(sample.audio[start:end])
+            p.prosody = None if measured is None else measured.as_dict()
 
 
 def evidence_key(early_final_ms: int) -> str:

@@ -15,12 +15,13 @@ import numpy as np
 
 from bench.turn_evidence import Pause
 from bench.turn_set import Sample
+from pipeline.prosody import Prosody
 from pipeline.transcript_trust import doubt
-from pipeline.turn_model import FEATURES, KNEES, TurnModel, features
+from pipeline.turn_model import FEATURES, KNEES, PROSODY_FEATURES, TurnModel, features
 from pipeline.turn_policy import Evidence
 
 FINAL_TOLERANCE_MS = 300.0  # a pause that begins this close to the true end (or after) is the end
-TEXT_FEATURES = tuple(f for f in FEATURES if f not in ("words", "sound", "sound_logit"))
+TEXT_FEATURES = tuple(f for f in FEATURES if f not in ("words", "sound", "sound_logit", *PROSODY_FEATURES))
 SOUND_FEATURES = ("sound", "sound_logit")
 
 
@@ -37,7 +38,8 @@ def pause_evidence(pause: Pause, words_known: bool, sound_known: bool) -> Eviden
                     words=pause.words if trusted else None,
                     asr_logprob=pause.avg_logprob if trusted else None,
                     asr_last_word=pause.last_word_prob if trusted else None,
-                    asr_end_mark=pause.end_mark_prob if trusted else None)
+                    asr_end_mark=pause.end_mark_prob if trusted else None,
+                    prosody=None if pause.prosody is None else Prosody(**pause.prosody))
 
 
 def rows(pairs: Iterable[tuple[Sample, Pause]], names: Sequence[str], sound: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -79,11 +81,13 @@ def slopes(weights: dict[str, float]) -> list[float]:
 
 
 def train(pairs: list[tuple[Sample, Pause]], sound: bool, trained_on: str,
-          without: Sequence[str] = ()) -> TurnModel:
+          without: Sequence[str] = (), prosody: bool = False) -> TurnModel:
     """The model's weights from these pauses; the patience curve is a placeholder for the tuner.
     The words' response is kept monotone (a likelier end never lowers the probability): a knee whose
-    segment would slope down is dropped and the model fitted again. `without`: features left out."""
-    names = [n for n in (*TEXT_FEATURES, *(SOUND_FEATURES if sound else ())) if n not in without]
+    segment would slope down is dropped and the model fitted again. `without`: features left out;
+    `prosody`: weigh the turn's prosody too (off by default: measured, it does not carry across voices)."""
+    names = [n for n in (*TEXT_FEATURES, *(SOUND_FEATURES if sound else ()), *(PROSODY_FEATURES if prosody else ()))
+             if n not in without]
     x, y = rows(pairs, names, sound)
     if len(y) == 0 or y.min() == y.max():
         raise ValueError("training needs pauses of both kinds with trusted transcripts")

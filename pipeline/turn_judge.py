@@ -3,6 +3,7 @@
 The VAD stage starts a pause (`pause`): the end-of-turn model hears the turn's audio on its worker.
 The session, once the transcript made at the pause is ready (TranscriptEarly), asks the language
 model how likely the caller's sentence ends with those words and hands the answer over (`words`).
+Where the learned decision weighs the turn's prosody, it is measured at the pause too (pipeline/prosody.py).
 The VAD stage reads `evidence()` at every window of the pause and ends the turn when the policy
 (pipeline/turn_policy.py) says the silence so far is enough. A resumption or the turn's end clears
 it. One judge per session; everything runs on the event loop's thread.
@@ -18,6 +19,8 @@ import numpy as np
 
 from core.worker import ModelWorker
 from models.protocols import TurnDetector
+from pipeline import prosody
+from pipeline.prosody import Prosody
 from pipeline.turn_policy import Evidence, TurnPolicy
 
 log = logging.getLogger(__name__)
@@ -32,8 +35,10 @@ class TurnJudge:
         self.audio_model = audio_model if policy.hears else None
         self.worker = worker
         self.expects_words = words
+        self.measures_prosody = policy.model is not None and policy.model.weighs_prosody
         self.turn_id: int | None = None  # the turn whose pause is being judged, if any
         self._audio: asyncio.Future[float] | None = None
+        self._prosody: asyncio.Future[Prosody | None] | None = None
         self._said = Evidence()  # the words' part of the evidence, once weighed
 
     @property
@@ -42,11 +47,14 @@ class TurnJudge:
         return self.audio_model is not None or self.expects_words
 
     def pause(self, turn_id: int, audio: np.ndarray) -> None:
-        """A pause began in turn `turn_id`: ask the end-of-turn model about `audio` (its last 8 s)."""
+        """A pause began in turn `turn_id`: ask the end-of-turn model about `audio` (its last 8 s, at
+        16 kHz), and measure its prosody where the decision weighs it."""
         self.clear()
         self.turn_id = turn_id
         if self.audio_model is not None:
             self._audio = asyncio.ensure_future(self.worker.run(self.audio_model.probability, audio))
+        if self.measures_prosody:
+            self._prosody = asyncio.ensure_future(self.worker.run(prosody.measure, audio))
 
     def words(self, turn_id: int, probability: float | None, words: str | None = None,
               asr_logprob: float | None = None, last_word: float | None = None,
@@ -61,12 +69,24 @@ class TurnJudge:
 
     def clear(self) -> None:
         """The pause is over (the caller went on, or the turn ended)."""
-        if self._audio is not None:
-            self._audio.cancel()
-        self.turn_id, self._audio, self._said = None, None, Evidence()
+        for task in (self._audio, self._prosody):
+            if task is not None:
+                task.cancel()
+        self.turn_id, self._audio, self._prosody, self._said = None, None, None, Evidence()
 
     def evidence(self) -> Evidence:
-        return dataclasses.replace(self._said, audio=self._audio_answer())
+        return dataclasses.replace(self._said, audio=self._audio_answer(), prosody=self._prosody_answer())
+
+    def _prosody_answer(self) -> Prosody | None:
+        task = self._prosody
+        if task is None or not task.done() or task.cancelled():
+            return None
+        exc = task.exception()
+        if exc is not None:
+            log.warning("measuring the turn's prosody failed (%s); this pause is judged without it", exc)
+            self._prosody = None
+            return None
+        return task.result()
 
     def _audio_answer(self) -> float | None:
         """The model's probability once it has answered; None before, or if it failed (the pause is

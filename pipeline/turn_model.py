@@ -12,7 +12,10 @@ The features are read off the evidence (pipeline/turn_policy.Evidence):
   probability of the last word and of the final punctuation mark (a word cut mid-way, or a
   sentence Whisper closed on a guess, is written with low confidence however complete it looks);
 - the sound: whether the end-of-turn model has answered, and its log-odds (weight 0 where the
-  training found it does not carry across voices).
+  training found it does not carry across voices);
+- the prosody at the pause, against the caller's own voice in the turn (pipeline/prosody.py): where
+  the pitch ends in the caller's range and how it moves, whether the last stretch was drawn out, and
+  how much the voice faded.
 A feature the file does not weigh counts 0. The silence waited follows the probability: none at or
 above `sure_probability`, `max_patience_ms` at or below `doubt_probability`, and in between from
 `hold_ms` (just under sure) up to `max_patience_ms`, in proportion. A hold longer than the pauses a
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.errors import ConfigError
+from pipeline.prosody import NAMES as PROSODY_NAMES
 
 if TYPE_CHECKING:
     from pipeline.turn_policy import Evidence
@@ -48,10 +52,12 @@ LAST_WORD_UNKNOWN = -0.1
 END_MARK_UNKNOWN = -0.19
 
 END_CONFIDENCE_FEATURES = ("asr_last_word", "asr_end_mark")  # need asr.end_confidence
+PROSODY_FEATURES = ("prosody", *(f"prosody_{n}" for n in PROSODY_NAMES))  # need the turn's sound measured
+PROSODY_LIMITS = {"pitch_end": 3.0, "pitch_slope": 5.0, "final_stretch": 2.0, "energy_drop": 30.0}  # clipped to +-
 FEATURES = (
     "bias", "words", "log_p_words", *(f"log_p_words_above_{k:g}" for k in KNEES),
     "ends_question", "ends_period", "ends_open", "asr_logprob", "asr_last_word", "asr_end_mark", "sound",
-    "sound_logit",
+    "sound_logit", *PROSODY_FEATURES,
 )
 
 
@@ -77,6 +83,11 @@ def features(evidence: Evidence) -> dict[str, float]:
         f["asr_last_word"] = _log_or(evidence.asr_last_word, LAST_WORD_UNKNOWN)
         if not f["ends_open"]:  # an open end has no mark to be sure of
             f["asr_end_mark"] = _log_or(evidence.asr_end_mark, END_MARK_UNKNOWN)
+    if evidence.prosody is not None:
+        f["prosody"] = 1.0
+        for name, value in evidence.prosody.as_dict().items():
+            limit = PROSODY_LIMITS[name]
+            f[f"prosody_{name}"] = max(-limit, min(limit, value))
     if evidence.audio is not None:
         p = min(1.0 - EDGE, max(EDGE, evidence.audio))
         f["sound"] = 1.0
@@ -96,6 +107,11 @@ class TurnModel:
     max_patience_ms: int
     trained_on: str  # what the file says it was trained and tuned on
     hold_ms: int = 0  # the silence waited just under sure_probability
+
+    @property
+    def weighs_prosody(self) -> bool:
+        """Whether the turn's prosody (pipeline/prosody.py) counts (else it need not be measured)."""
+        return any(self.weights.get(name, 0.0) != 0.0 for name in PROSODY_FEATURES)
 
     @property
     def hears(self) -> bool:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from core.errors import ConfigError
 from pipeline.config import EndpointingConfig
+from pipeline.prosody import Prosody
 from pipeline.turn_model import END_CONFIDENCE_FEATURES, SHIPPED, TurnModel, load_turn_model
 
 LOG_FLOOR = -12.0  # log p_text below this says no more: "the" never ends a question
@@ -52,6 +53,7 @@ class Evidence:
     asr_logprob: float | None = None  # the recognizer's mean token log-probability for it
     asr_last_word: float | None = None  # its confidence in the last word (a probability)
     asr_end_mark: float | None = None  # ... and in the final punctuation mark (None: no mark, or not given)
+    prosody: Prosody | None = None  # how the turn sounds at the pause (None: not measured, or too little voice)
 
     @property
     def empty(self) -> bool:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from core.errors import ConfigError
+from core.worker import ModelWorker
 from pipeline.config import EndpointingConfig
+from pipeline.prosody import Prosody
+from pipeline.turn_judge import TurnJudge
 from pipeline.turn_model import FEATURES, FORMAT, SHIPPED, TurnModel, features, load_turn_model
 from pipeline.turn_policy import Evidence, TurnPolicy, check_decision
 
@@ -131,3 +136,33 @@ def test_a_decision_that_weighs_the_end_s_confidence_needs_the_recognizer_to_giv
     assert "asr.end_confidence=true" in str(caught.value) and "asr_end_mark" in str(caught.value)
     check_decision(config, end_confidence=True)
     check_decision(EndpointingConfig(decision_file=_write(tmp_path / "plain.json", GOOD)), end_confidence=False)
+
+
+def test_features_read_the_turn_s_prosody_clipped_and_only_where_measured() -> None:
+    falling = features(Evidence(text=0.5, words="Is it open?", prosody=Prosody(-2.0, -3.0, 0.8, -9.0)))
+    assert falling["prosody"] == 1 and falling["prosody_pitch_end"] == -2 and falling["prosody_energy_drop"] == -9
+    assert features(Evidence(text=0.5, words="x", prosody=Prosody(-50.0, 0, 0, 0)))["prosody_pitch_end"] == -3
+    unmeasured = features(Evidence(text=0.5, words="Is it open?"))
+    assert unmeasured["prosody"] == 0 and unmeasured["prosody_pitch_end"] == 0
+
+
+def test_a_decision_that_weighs_prosody_says_so_and_the_judge_measures_it(tmp_path: Path) -> None:
+    data = {**GOOD, "weights": {**GOOD["weights"], "prosody_pitch_end": -1.0}}  # type: ignore[dict-item]
+    policy = TurnPolicy(EndpointingConfig(decision_file=_write(tmp_path / "d.json", data)))
+    assert policy.model is not None and policy.model.weighs_prosody
+    assert not TurnModel({"bias": 1.0}, 0.8, 0.2, 1500, "").weighs_prosody
+    fell = policy.probability(Evidence(text=0.5, words="Is it open?", prosody=Prosody(-2.0, 0, 0, 0)))
+    level = policy.probability(Evidence(text=0.5, words="Is it open?", prosody=Prosody(0.5, 0, 0, 0)))
+    assert fell is not None and level is not None and fell > level
+
+    async def judged() -> Evidence:
+        judge = TurnJudge(policy, None, ModelWorker("test-prosody"), words=True)
+        falling_voice = 0.3 * np.sin(2 * np.pi * np.cumsum(np.geomspace(200, 120, 16000)) / 16000)
+        judge.pause(1, falling_voice.astype(np.float32))
+        for _ in range(200):
+            if judge.evidence().prosody is not None:
+                break
+            await asyncio.sleep(0.01)
+        return judge.evidence()
+
+    assert asyncio.run(judged()).prosody is not None
