@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 TURN_MODEL_S = 8.0  # the end-of-turn model hears at most the turn's last 8 s
 
 
+AUDIBLE = 0.01  # -40 dBFS, of full scale 1.0: a sample this loud is sound (the true end of speech is the last)
+END_LOOKBACK_MS = 300.0  # how far before the VAD's silence the caller's last sound is looked for
+
+
 @dataclass(frozen=True)
 class Decision:
     kind: str  # "start" | "pause" | "resume" | "stop"
@@ -195,7 +199,10 @@ async def vad_stage(
     def stopped(decision: Decision, frame: AudioFrame, probability: float | None) -> SpeechStopped:
         # Audio arrives in real time and the frame's last sample came at frame.at, so the caller
         # stopped (unclassified samples + silence waited for) before that.
-        behind_s = (len(pending) + consumed) / sample_rate - decision.audio_ms / 1000
+        end_ms = decision.audio_ms
+        if not decision.forced:
+            end_ms = last_sound_ms(spoken, consumed, decision.audio_ms, sample_rate)
+        behind_s = (len(pending) + consumed) / sample_rate - end_ms / 1000
         return SpeechStopped(turn_id, clock.now(), decision.audio_ms, frame.at - behind_s, decision.forced,
                              probability)
 
@@ -258,6 +265,25 @@ async def vad_stage(
     finally:
         if judge is not None:
             judge.clear()
+
+
+def last_sound_ms(spoken: deque[np.ndarray], consumed: int, silence_from_ms: float, sample_rate: int) -> float:
+    """Where the caller's last sound ended: the last sample above -40 dBFS (AUDIBLE, the level the
+    benchmarks time the true end of speech at) within END_LOOKBACK_MS before the VAD's silence began,
+    since the VAD hears the end a window or two late. `spoken` ends at stream sample `consumed`. The
+    VAD's own estimate stands where nothing before it was that loud (a quiet line), and on a line
+    whose noise is that loud the last such sample is the silence's start: it never moves later."""
+    silence_from = int(silence_from_ms * sample_rate / 1000)
+    kept = sum(len(piece) for piece in spoken)
+    first = consumed - kept  # the stream position of spoken's first sample
+    low = max(first, silence_from - int(END_LOOKBACK_MS * sample_rate / 1000))
+    if silence_from <= low:
+        return silence_from_ms
+    audio = np.concatenate(list(spoken))[low - first:silence_from - first]
+    loud = np.flatnonzero(np.abs(audio) >= AUDIBLE)
+    if not len(loud):
+        return silence_from_ms
+    return 1000.0 * (low + int(loud[-1]) + 1) / sample_rate
 
 
 def _tail(history: deque[np.ndarray], consumed: int, start_ms: float, sample_rate: int) -> np.ndarray:

@@ -111,6 +111,64 @@ async def test_vad_stage_yields_turn_with_padded_audio() -> None:
     assert stopped.at - stopped.ended_at == pytest.approx(0.32, abs=0.05)
 
 
+class LateVad(ScriptedVad):
+    """A fake VAD that, like a real one, hears the end of speech late: speech for `late` windows more."""
+
+    def __init__(self, late: int) -> None:
+        super().__init__()
+        self.late, self.since = late, late
+
+    def probabilities(self, samples: np.ndarray) -> list[float]:
+        out = []
+        for p in super().probabilities(samples):
+            self.since = 0 if p else self.since + 1
+            out.append(1.0 if self.since <= self.late else 0.0)
+        return out
+
+
+@pytest.mark.parametrize("tail", [0.0, 0.004])
+async def test_the_end_of_speech_is_where_the_sound_ended_not_where_the_vad_heard_it(tail: float) -> None:
+    """The VAD hears silence 3 windows (96 ms) after the sound ends at 2.0 s; the estimate of when the
+    caller stopped is the last sample above -40 dBFS, before that. `tail`: a sound under -40 dBFS after
+    the end (a breath), which does not count."""
+    clock = FakeClock()
+    speech = np.full(16000, 0.5, np.float32)
+    after = np.full(16000, tail, np.float32)
+    audio = np.concatenate([np.zeros(16000, np.float32), speech, after])
+    sent_at: list[float] = []
+
+    async def frames():  # 20 ms frames, each arriving as its last sample is spoken
+        for i in range(0, len(audio), 320):
+            clock.advance(0.02)
+            if i + 320 == 32000:
+                sent_at.append(clock.now())  # the last sample of speech arrived here
+            yield AudioFrame(audio[i:i + 320], clock.now())
+
+    cfg = EndpointingConfig(min_speech_ms=96, end_silence_ms=320, prefix_padding_ms=200, early_final_ms=0)
+    worker = ModelWorker("test-late-vad")
+    events = [e async for e in vad_stage(frames(), LateVad(3), worker, cfg, clock)]
+    worker.shutdown()
+    stopped = events[-1]
+    assert isinstance(stopped, SpeechStopped)
+    assert stopped.audio_ms == pytest.approx(2000 + 96, abs=32)  # where the VAD heard silence begin
+    assert stopped.ended_at == pytest.approx(sent_at[0], abs=0.002)  # where the sound really ended
+
+
+def test_the_last_sound_is_looked_for_only_just_before_the_vad_s_silence() -> None:
+    from collections import deque
+
+    from pipeline.endpointing import last_sound_ms
+
+    rate = 16000
+    turn = np.concatenate([np.full(8000, 0.3, np.float32), np.zeros(8000, np.float32)])  # sound to 500 ms
+    spoken = deque([turn[:5000], turn[5000:]])
+    assert last_sound_ms(spoken, 16000, 600.0, rate) == pytest.approx(500.0)  # 100 ms back: found
+    assert last_sound_ms(spoken, 16000, 900.0, rate) == 900.0  # 400 ms back: too far, the VAD's stands
+    noisy = deque([turn + 0.02])  # a line whose noise is louder than -40 dBFS: never later, never moved
+    assert last_sound_ms(noisy, 16000, 600.0, rate) == pytest.approx(600.0)
+    assert last_sound_ms(deque([turn[-100:]]), 16000, 999.0, rate) == 999.0  # nothing kept before it
+
+
 async def test_the_turns_audio_is_what_the_recognizer_hears_and_the_vad_decides_on_its_own() -> None:
     clock = FakeClock()
     silence, speech = np.zeros(16000, np.float32), np.full(16000, 0.5, np.float32)
