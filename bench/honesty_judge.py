@@ -61,15 +61,18 @@ def requests(facts: str, told_always: bool) -> list[tuple[str, bool, str, str, s
             *((t, True, general, e, "held") for t, e in LOOKUPS_AFTER_HELD)]
 
 
-async def judge_with(pack: str, settings: Settings, facts: str, told_always: bool) -> list[dict[str, Any]]:
+async def judge_with(pack: str, settings: Settings, facts: str, told_always: bool,
+                     told_last: bool = False) -> list[dict[str, Any]]:
     llm: Any = load_llm(settings.llm.model_copy(update={"model": pack}), MonotonicClock(), sequences=1)
     rows = []
     try:
         await llm.next_word_probabilities(honesty.messages("Hello.", []), ("yes",))  # the examples, once
         for words, uncheckable, told, earlier, split in requests(facts, told_always):
             started = time.perf_counter()
-            chance = await honesty.cannot_answer(llm, words, [earlier] if earlier else [], told)  # both asked
-            rows.append({"pack": pack, "told_always": told_always, "split": split, "request": words,
+            chance = await honesty.cannot_answer(llm, words, [earlier] if earlier else [], told,  # both asked
+                                                 told_last=told_last)
+            rows.append({"pack": pack, "told_always": told_always, "told_last": told_last, "split": split,
+                         "request": words,
                          "earlier": earlier, "uncheckable": uncheckable, "facts": bool(told),
                          "chance": round(chance, 4), "ms": round((time.perf_counter() - started) * 1000, 1)})
             print(f"  {pack[:24]:24s} {split} {chance:.3f} {'needs' if uncheckable else 'can  '} "
@@ -83,9 +86,13 @@ def report(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     print("\n| judge | split | threshold | uncheckable missed | answerable gated | question p50 / p90 |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")
-    for pack, told_always, split in dict.fromkeys((r["pack"], r["told_always"], r["split"]) for r in rows):
-        mine = [r for r in rows if (r["pack"], r["told_always"], r["split"]) == (pack, told_always, split)]
+    def key(r: dict[str, Any]) -> tuple[str, bool, bool, str]:
+        return r["pack"], r["told_always"], r.get("told_last", False), r["split"]
+
+    for pack, told_always, told_last, split in dict.fromkeys(key(r) for r in rows):
+        mine = [r for r in rows if key(r) == (pack, told_always, told_last, split)]
         name = f"{pack}, the facts told for every request" if told_always else pack
+        name += ", told after the examples" if told_last else ""
         ms = [r["ms"] for r in mine]
         need = [r for r in mine if r["uncheckable"]]
         can = [r for r in mine if not r["uncheckable"]]
@@ -104,6 +111,9 @@ def main() -> None:
     parser.add_argument("--packs", default="qwen2.5-coder-0.5b-instruct-q4_k_m,qwen2.5-coder-1.5b-instruct-q4_k_m")
     parser.add_argument("--told", default="apart,always", help="apart: the facts told only for the bakery's "
                         "questions; always: for every request too (the demo); both, side by side")
+    parser.add_argument("--told-at", default="instructions", help="instructions: what the agent was told is in "
+                        "the question's instructions (the operator's facts); request: after the examples, with the "
+                        "request (a client's own instructions); both, side by side")
     parser.add_argument("--json")
     args = parser.parse_args()
     print(f"CPU: {cpu.describe()}")
@@ -112,7 +122,8 @@ def main() -> None:
     rows = []
     for pack in args.packs.split(","):
         for told in args.told.split(","):
-            rows += asyncio.run(judge_with(pack, settings, facts, told == "always"))
+            for at in args.told_at.split(","):
+                rows += asyncio.run(judge_with(pack, settings, facts, told == "always", at == "request"))
     summary = report(rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "instructions": honesty.INSTRUCTIONS,

@@ -10,6 +10,10 @@ chance of "no" passes `session.honesty.threshold` the reply is made to begin wit
 `session.honesty.opening` ("Sorry, I can't"): the model goes on from there ("... check the pharmacy's
 hours from here."), and what it says is a refusal in its own words.
 
+The operator's facts are in every question's instructions (the same in every call: the cache keeps them);
+a client's own instructions only in a second question, after the examples, for a request judged a look-up
+without them, which they can clear but never condemn.
+
 The question is asked of the default LLM (the one the threshold was chosen on) and only where it
 gives probabilities (the embedded engine); only for a reply to the caller's words in a call without
 tools (a call with tools has its own prompt, and the call itself is the way to check), and not for keys
@@ -100,31 +104,37 @@ def told(system: str, default: str) -> str:
     return "" if system == default else system
 
 
-def question(words: str, earlier: Sequence[str]) -> str:
+TOLD = ("What it was told (a request these lines answer, even with a no, a closed or a not offered, it can answer by "
+        "itself)")
+
+
+def question(words: str, earlier: Sequence[str], told: str = "") -> str:
     said = " ".join(earlier[-4:])
-    lines = [f"Earlier the caller said: {said}"] if said else []
+    lines = [f"{TOLD}:\n{told}\n"] if told else []
+    lines += [f"Earlier the caller said: {said}"] if said else []
     return "\n".join([*lines, f"Request: {words}"])
 
 
-def messages(words: str, earlier: Sequence[str], told: str = "") -> tuple[ChatMessage, ...]:
+def messages(words: str, earlier: Sequence[str], told: str = "", told_last: bool = False) -> tuple[ChatMessage, ...]:
     """The question for `words`, after `earlier` caller messages in the call; `told`: what the assistant
-    was told (the operator's facts), or ""."""
-    system = INSTRUCTIONS + (f"\n\nWhat it was told (a request these lines answer, even with a no, a closed "
-                             f"or a not offered, it can answer by itself):\n{told}" if told else "")
+    was told (the operator's facts), or "": in the instructions, or with `told_last` in the question itself,
+    after the examples (which the model's cache then keeps whatever was told)."""
+    system = INSTRUCTIONS + (f"\n\n{TOLD}:\n{told}" if told and not told_last else "")
     out = [ChatMessage("system", system)]
     for request, before, answer in EXAMPLES:
         out += [ChatMessage("user", question(request, [before] if before else [])), ChatMessage("assistant", answer)]
-    out.append(ChatMessage("user", question(words, earlier)))
+    out.append(ChatMessage("user", question(words, earlier, told if told_last else "")))
     return tuple(out)
 
 
-async def _no(llm: Asks, words: str, earlier: Sequence[str], told: str) -> float:
-    p = await llm.next_word_probabilities(messages(words, earlier, told), (*YES, *NO))
+async def _no(llm: Asks, words: str, earlier: Sequence[str], told: str, told_last: bool = False) -> float:
+    p = await llm.next_word_probabilities(messages(words, earlier, told, told_last), (*YES, *NO))
     yes, no = sum(p[: len(YES)]), sum(p[len(YES):])
     return no / (yes + no) if yes + no > 0 else 0.5
 
 
-async def cannot_answer(llm: Asks, words: str, earlier: Sequence[str], told: str = "", below: float = 0.0) -> float:
+async def cannot_answer(llm: Asks, words: str, earlier: Sequence[str], told: str = "", below: float = 0.0,
+                        told_last: bool = False) -> float:
     """The model's chance that the assistant could not answer `words` by itself: P(no) / (P(yes) + P(no)),
     asked of the request alone and, where that reaches `below` and the caller said something earlier,
     again with the earlier words: the lower of the two. What the caller said can show that the agent
@@ -133,10 +143,10 @@ async def cannot_answer(llm: Asks, words: str, earlier: Sequence[str], told: str
     number is 4 4 0 0." and "Can you recommend a good book?" (bench/recall.py's five-turn calls).
     `below` 0: both are always asked (the benchmarks); the gate passes its threshold, so that a request
     judged answerable alone costs one question."""
-    alone = await _no(llm, words, (), told)
+    alone = await _no(llm, words, (), told, told_last)
     if alone < below or not earlier:
         return alone
-    return min(alone, await _no(llm, words, earlier, told))
+    return min(alone, await _no(llm, words, earlier, told, told_last))
 
 
 async def checked(llm: Asks, config: HonestyConfig, prompt: tuple[ChatMessage, ...],
@@ -144,10 +154,21 @@ async def checked(llm: Asks, config: HonestyConfig, prompt: tuple[ChatMessage, .
     """The reply's prompt (the system prompt, the call so far, the caller's words last) as the reply is
     to be written: with the unfinished message `config.opening` after it where the chance that the
     caller asks for a look-up or an action reaches `config.threshold`; and that chance.
-    `default_system`: the server's own system prompt (its facts are what the agent was told)."""
+    `default_system`: the server's own system prompt (its facts are what the agent was told, in every
+    question; they are the same in every call, so the cache keeps them). A client's own instructions are
+    weighed only for a request judged a look-up without them, and can only clear it."""
     system = prompt[0].content if prompt[0].role == "system" else ""
     earlier = [m.content for m in prompt[1:-1] if m.role == "user" and m.content]
-    chance = await cannot_answer(llm, prompt[-1].content, earlier, told(system, default_system), config.threshold)
+    words, said = prompt[-1].content, told(system, default_system)
+    own = said if facts_in(system) is None else ""  # the client's own instructions, not the operator's facts
+    chance = await cannot_answer(llm, words, earlier, "" if own else said, config.threshold)
+    if own and chance >= config.threshold:
+        # What the client told the agent can show that it can answer (its own facts), never that it cannot. It
+        # is asked only here, after the examples: a question whose instructions begin with a client's own is
+        # prefilled whole, not taken from the cache (7 s on the 0.5B, 12 s on the 1.5B, on 2 cores, at every
+        # call's first such turn). Placed there, it clears what the instructions placement cleared
+        # (bench/honesty_judge.py --told-at: docs/benchmarks.md).
+        chance = min(chance, await cannot_answer(llm, words, earlier, own, config.threshold, told_last=True))
     if chance < config.threshold:
         return prompt, chance
     return (*prompt, ChatMessage("assistant", config.opening, unfinished=True)), chance

@@ -32,10 +32,10 @@ def turn_lines(server: Server, last: int = 40) -> str:
     return "\n".join([line for line in server.log().splitlines() if "turn " in line][-last:])
 
 
-async def first_reply(client: VoiceClient, phone: Speakerphone, tmp_path: Path) -> None:
+async def first_reply(client: VoiceClient, phone: Speakerphone, tmp_path: Path, question: str = "Hello there.") -> None:
     """The call's first question and its reply, heard back by the microphone: the line's echo is found in it."""
     mark = len(client.received)
-    phone.say(speech_samples("Hello there.", tmp_path))
+    phone.say(speech_samples(question, tmp_path))
     await client.wait_for(lambda e: e["type"] == "response.done", 120, after=mark)
     await asyncio.sleep(2.0)
 
@@ -83,8 +83,11 @@ async def test_the_caller_still_interrupts_over_the_echo(server: Server, tmp_pat
     phone = Speakerphone(client, level_db=-10.0, delay_ms=200.0)
     phone.start()
     try:
-        await first_reply(client, phone, tmp_path)
+        # A story from the first turn: a refusal there (the recognizer once heard "Hello there." as "The lone air.",
+        # which the honesty gate declines) is copied by the 0.5B model into the story requests after it.
+        await first_reply(client, phone, tmp_path, "Tell me a story about a cat.")
         deadline = time.monotonic() + 180
+        short: list[dict] = []  # the replies that ended before 4 s, to read a failure by
         for _ in range(3):  # a reply that ends by itself before 4 s (the 0.5B model once refused) is asked again
             story = len(client.received)
             phone.say(speech_samples("Tell me a story about a brave little dragon.", tmp_path))
@@ -100,13 +103,15 @@ async def test_the_caller_still_interrupts_over_the_echo(server: Server, tmp_pat
                 # it did not stop itself (the server's account of the turns, to read a failure by)
                 assert all(e["status"] == "completed" for _, e in done), (done, turn_lines(server))
                 if done:
+                    short.append(done[-1][1])
                     break
                 await asyncio.sleep(0.05)
             else:
                 break  # 4 s of the story, the bot still talking
             await asyncio.sleep(2.5)  # the call at rest before asking again
         else:
-            raise AssertionError("three replies ended before 4 s of audio: no story to interrupt")
+            raise AssertionError(f"three replies ended before 4 s of audio: no story to interrupt: {short}\n"
+                                 f"{turn_lines(server)}")
         mark = len(client.received)
         phone.say(speech_samples("Wait, stop please, I have another question.", tmp_path))
         started = await client.wait_for(lambda e: e["type"] == "speech.started", 10, after=mark)

@@ -34,6 +34,19 @@ class FakeJudge:
         return [0.6 * (1 - chance), 0.2 * (1 - chance), 0.6 * chance, 0.2 * chance]  # sums to 0.8: others 0.2
 
 
+class ToldJudge(FakeJudge):
+    """A fake judge whose chance of "no" is `told` when its question tells it `text`, `alone` otherwise."""
+
+    def __init__(self, text: str, alone: float, told: float) -> None:
+        super().__init__({})
+        self.text, self.alone, self.told = text, alone, told
+
+    async def next_word_probabilities(self, messages: Sequence[ChatMessage], words: Sequence[str]) -> list[float]:
+        self.asked.append(tuple(messages))
+        chance = self.told if self.text in messages[-1].content else self.alone
+        return [1 - chance, 0.0, chance, 0.0]
+
+
 def prompt(system: str, *said: str) -> tuple[ChatMessage, ...]:
     return (ChatMessage("system", system), *(ChatMessage("user", s) for s in said))
 
@@ -80,8 +93,15 @@ async def test_the_judge_hears_what_the_agent_was_told() -> None:
     assert judge.asked[-1][0].content.endswith(f"\n{facts}")
     assert DEFAULT not in judge.asked[-1][0].content  # the facts only, not the rest of the prompt
     own = "You answer for Rosa's Salon, open Tuesday to Saturday."  # a client's own instructions
-    await honesty.checked(judge, config, prompt(own, "Are you open on Monday?"), DEFAULT)
-    assert judge.asked[-1][0].content.endswith(f"\n{own}")
+    salon = ToldJudge(own, alone=0.9, told=0.2)
+    kept, chance = await honesty.checked(salon, config, prompt(own, "Are you open on Monday?"), DEFAULT)
+    assert not kept[-1].unfinished and abs(chance - 0.2) < 1e-9  # they can show that the agent can answer
+    assert "What it was told" not in salon.asked[0][0].content + salon.asked[0][-1].content
+    assert salon.asked[1][:-1] == salon.asked[0][:-1]  # after the examples: the cache keeps all before it
+    assert salon.asked[1][-1].content.endswith(f":\n{own}\n\nRequest: Are you open on Monday?")
+    condemned = ToldJudge(own, alone=0.1, told=0.9)
+    kept, chance = await honesty.checked(condemned, config, prompt(own, "Hello there."), DEFAULT)
+    assert not kept[-1].unfinished and abs(chance - 0.1) < 1e-9 and len(condemned.asked) == 1  # never that it cannot
     # the examples come before the question, the same for every request (the model's cache keeps them)
     assert judge.asked[0][1:-1] == judge.asked[1][1:-1] and len(judge.asked[0]) == 2 + 2 * len(honesty.EXAMPLES)
     both = await honesty.cannot_answer(FakeJudge({"Earlier": 0.3, "it again": 0.8}), "Say it again.", ["Hi."])
