@@ -28,6 +28,7 @@ from models import registry
 from models.protocols import TurnDetector
 from pipeline import denoise, echo, honesty
 from pipeline.events import ResponseDone
+from pipeline.facts import facts_in
 from pipeline.session import Backends, PipelineConfig
 from pipeline.tools import HttpTool, ToolBox, load_tools_file
 from pipeline.turn_policy import TurnPolicy
@@ -316,8 +317,8 @@ def load_backends(settings: Settings, clock: Clock, say: object = print,
         # The honesty gate's question (its instructions, examples and the operator's facts: over a
         # thousand tokens) computed now, once: else the first caller's reply waited for it (14 s on 2 cores).
         report("warming the honesty gate's question")
-        system = settings.session.system_prompt
-        asyncio.run(honesty.cannot_answer(judge, "Hello there.", [], honesty.told(system, system)))
+        facts = facts_in(settings.session.system_prompt) or ""
+        asyncio.run(honesty.cannot_answer(judge, "Hello there.", [], facts))
     return Backends(vad=vad, asr=asr, tts=tts, llm=llm, turn=_load_turn(settings, llm.weighs_words, report),
                     tools_llm=tools_llm)
 

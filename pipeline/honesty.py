@@ -95,15 +95,6 @@ class Asks(Protocol):
         ...
 
 
-def told(system: str, default: str) -> str:
-    """What the agent was told that it may answer from: the operator's facts in the server's prompt, the
-    client's own instructions in place of it, or nothing (the server's prompt without facts)."""
-    facts = facts_in(system)
-    if facts is not None:
-        return facts
-    return "" if system == default else system
-
-
 TOLD = ("What it was told (a request these lines answer, even with a no, a closed or a not offered, it can answer by "
         "itself)")
 
@@ -159,9 +150,9 @@ async def checked(llm: Asks, config: HonestyConfig, prompt: tuple[ChatMessage, .
     weighed only for a request judged a look-up without them, and can only clear it."""
     system = prompt[0].content if prompt[0].role == "system" else ""
     earlier = [m.content for m in prompt[1:-1] if m.role == "user" and m.content]
-    words, said = prompt[-1].content, told(system, default_system)
-    own = said if facts_in(system) is None else ""  # the client's own instructions, not the operator's facts
-    chance = await cannot_answer(llm, words, earlier, "" if own else said, config.threshold)
+    words, facts = prompt[-1].content, facts_in(system)
+    own = system if facts is None and system != default_system else ""  # the client's own instructions
+    chance = await cannot_answer(llm, words, earlier, facts or "", config.threshold)
     if own and chance >= config.threshold:
         # What the client told the agent can show that it can answer (its own facts), never that it cannot. It
         # is asked only here, after the examples: a question whose instructions begin with a client's own is
