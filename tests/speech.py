@@ -17,7 +17,10 @@ def espeak_wav(text: str, path: Path, rate: int = 16000, voice: str = "en-us", s
         raise RuntimeError("test speech needs espeak-ng and sox: run scripts/setup.sh --test")
     raw = path.with_suffix(".raw.wav")
     subprocess.run(["espeak-ng", "-v", voice, "-s", str(speed), "-w", str(raw), text], check=True)
-    subprocess.run(["sox", str(raw), "-r", str(rate), "-c", "1", "-b", "16", str(path)], check=True)
+    # -D: no dither. sox's dither is random, and whisper-tiny.en flips some transcripts on a difference that
+    # small ("How many days are there in a week?" at 8 kHz heard as "How many day are you...", now and then):
+    # the same text must make the same audio in every run
+    subprocess.run(["sox", "-D", str(raw), "-r", str(rate), "-c", "1", "-b", "16", str(path)], check=True)
     raw.unlink()
     return path
 
@@ -34,7 +37,7 @@ def flite_samples(text: str, tmp: Path, rate: int = 16000, voice: str = "slt") -
     raw = tmp / f"flite_{voice}_{abs(hash(text))}.raw.wav"
     path = raw.with_suffix("").with_suffix(".wav")
     subprocess.run(["flite", "-voice", voice, "-t", text, "-o", str(raw)], check=True)
-    subprocess.run(["sox", str(raw), "-r", str(rate), "-c", "1", "-b", "16", str(path)], check=True)
+    subprocess.run(["sox", "-D", str(raw), "-r", str(rate), "-c", "1", "-b", "16", str(path)], check=True)  # as above
     raw.unlink()
     samples, _ = read_wav(path)
     return samples

@@ -25,9 +25,10 @@ TELLER = ("You are a storyteller on a phone call. Answer with a story of exactly
 
 
 def noise_burst(tmp: Path, seconds: float = 0.25) -> np.ndarray:
-    """A short burst of loud brown noise: a sound that is not speech (a cough, a knock)."""
+    """A short burst of loud brown noise: a sound that is not speech (a cough, a knock); the same in every run
+    (sox -R)."""
     path = tmp / "burst.wav"
-    subprocess.run(["sox", "-n", "-r", "16000", "-b", "16", "-c", "1", str(path), "synth", str(seconds),
+    subprocess.run(["sox", "-R", "-n", "-r", "16000", "-b", "16", "-c", "1", str(path), "synth", str(seconds),
                     "brownnoise", "vol", "0.6"], check=True)
     return read_wav(path)[0]
 

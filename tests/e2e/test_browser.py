@@ -58,7 +58,7 @@ def question_wav(tmp_path: Path) -> Path:
     """The spoken question followed by silence, 16 kHz mono 16-bit PCM."""
     speech = espeak_wav(QUESTION, tmp_path / "question.wav", rate=16000)
     padded = tmp_path / "question_padded.wav"
-    subprocess.run(["sox", str(speech), str(padded), "pad", "0", str(SILENCE_S)], check=True)
+    subprocess.run(["sox", "-D", str(speech), str(padded), "pad", "0", str(SILENCE_S)], check=True)
     return padded
 
 
