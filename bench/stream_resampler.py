@@ -9,6 +9,11 @@ split: flite, Piper and human voices, the long turns left out), each resampler's
 service's recognizer (whisper-tiny.en int8).
 
     .venv/bin/python bench/stream_resampler.py --json docs/bench/stream_resampler.json
+
+With --draws N each phone-line turn is also transcribed N more times, dithered anew (one 16-bit step, as sox
+dithers): whisper-tiny.en flips some transcripts on so small a difference, and the pass band's edge decides how
+often ("How many days are there in a week?" through espeak-ng at 8 kHz: "days" heard as "day" 26 times in 30
+with the pass band ending at 0.85, 1 in 30 through soxr-HQ). Choose the pass band on --split tune, report on held.
 """
 
 from __future__ import annotations
@@ -53,7 +58,20 @@ class SoxrStream:
 
 
 def make(name: str, in_rate: int) -> Stream:
-    return StreamResampler(in_rate, RATE) if name == "polyphase" else SoxrStream(in_rate, RATE, name.split("-")[1])
+    """`polyphase` (the service's), `polyphase-0.93` (its pass band ending elsewhere), `soxr-HQ`..."""
+    kind, _, option = name.partition("-")
+    if kind == "polyphase":
+        return StreamResampler(in_rate, RATE, float(option)) if option else StreamResampler(in_rate, RATE)
+    return SoxrStream(in_rate, RATE, option)
+
+
+def phone_line(audio: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
+    """16 kHz audio as a phone line carries it: 8 kHz mu-law; with `rng`, dithered first as sox dithers
+    (triangular, one 16-bit step): a draw of the small differences two recordings of one voice have."""
+    narrow = resample(audio, RATE, 8000)
+    if rng is not None:
+        narrow = narrow + (rng.random(len(narrow)) - rng.random(len(narrow))).astype(np.float32) / 32768
+    return mulaw_to_float(float_to_mulaw(narrow))
 
 
 def streamed(name: str, audio: np.ndarray, in_rate: int) -> tuple[np.ndarray, list[float], list[float]]:
@@ -72,32 +90,49 @@ def streamed(name: str, audio: np.ndarray, in_rate: int) -> tuple[np.ndarray, li
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--resamplers", default="polyphase,soxr-HQ,soxr-LQ")
+    parser.add_argument("--resamplers", default="polyphase,soxr-HQ,soxr-LQ",
+                        help="polyphase (the service's), polyphase-P (its pass band ending at P of the lower Nyquist), "
+                             "soxr-Q (soxr's streaming resampler at quality Q)")
+    parser.add_argument("--split", choices=("tune", "held"), default="held", help="bench/noise_turns.py's callers")
+    parser.add_argument("--draws", type=int, default=0, help="also transcribe each phone-line turn this many more "
+                        "times, dithered anew each time (seeded): how often a transcript flips on a difference "
+                        "of one 16-bit step")
+    parser.add_argument("--rates", default=",".join(map(str, RATES)))
     parser.add_argument("--json")
     args = parser.parse_args()
     names = args.resamplers.split(",")
+    rates = [int(r) for r in args.rates.split(",")]
     print(f"CPU: {cpu.describe()}")
-    said = [(v, t, a) for v, t, a in questions("held", Renderer()) if not t.startswith("long: ")]
-    lines = {8000: [mulaw_to_float(float_to_mulaw(resample(a, RATE, 8000))) for _, _, a in said]}
-    for rate in RATES[1:]:
-        lines[rate] = [resample(a, RATE, rate) for _, _, a in said]
+    print(f"split: {args.split}; dithered draws: {args.draws}")
+    said = [(v, t, a) for v, t, a in questions(args.split, Renderer()) if not t.startswith("long: ")]
+    rng = np.random.default_rng(7)
+    draws = [[phone_line(a, None) for _, _, a in said]]
+    draws += [[phone_line(a, rng) for _, _, a in said] for _ in range(args.draws)]
+    lines = {8000: draws[0]}
+    for rate in rates:
+        if rate != 8000:
+            lines[rate] = [resample(a, RATE, rate) for _, _, a in said]
     recognizer = FasterWhisperRecognizer(AsrConfig())
     summary: dict[str, Any] = {}
     rows: list[dict[str, Any]] = []
     print("\n| input | resampler | lag after each 20 ms, median (max) | cost per 20 ms, median | WER (phone line) |")
     print("| --- | --- | ---: | ---: | ---: |")
-    for rate in RATES:
+    for rate in rates:
         for name in names:
             lags, costs, errors, words = [], [], 0, 0
-            for (voice, text, _), audio in zip(said, lines[rate], strict=True):
+            for i, ((voice, text, _), audio) in enumerate(zip(said, lines[rate], strict=True)):
                 out, lag, cost = streamed(name, audio, rate)
                 lags += lag
                 costs += cost
-                if rate == 8000:
-                    heard = recognizer.transcribe(out)
+                if rate != 8000:
+                    continue
+                heards = [recognizer.transcribe(out)]
+                heards += [recognizer.transcribe(streamed(name, draw[i], rate)[0]) for draw in draws[1:]]
+                for draw, heard in enumerate(heards):
                     e, n = word_errors(text, heard)
                     errors, words = errors + e, words + n
-                    rows.append({"resampler": name, "voice": voice, "text": text, "heard": heard, "errors": e})
+                    rows.append({"resampler": name, "voice": voice, "text": text, "draw": draw, "heard": heard,
+                                 "errors": e})
             wer = errors / words if words else None
             summary[f"{rate} {name}"] = {"lag_ms_median": round(statistics.median(lags), 2),
                                          "lag_ms_max": round(max(lags), 2),
@@ -107,7 +142,8 @@ def main() -> None:
             print(f"| {rate} Hz | {name} | {statistics.median(lags):.1f} ({max(lags):.1f}) ms | "
                   f"{statistics.median(costs):.3f} ms | {shown} |", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "questions": len(said), "summary": summary,
+        Path(args.json).write_text(json.dumps({"cpu": cpu.describe(), "split": args.split, "draws": args.draws,
+                                               "questions": len(said), "summary": summary,
                                                "transcripts": rows}, indent=1))
         print(f"wrote {args.json}")
 

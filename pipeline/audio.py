@@ -1,6 +1,6 @@
 """PCM conversions, G.711 mu-law (the phone line's codec) and resampling: whole chunks with soxr, a live
-stream with a short polyphase filter of our own (streaming, so chunk edges leave no clicks, and ~2 ms
-late where soxr's streaming resampler held the caller's audio back 61 ms from 8 kHz)."""
+stream with a short polyphase filter of our own (streaming, so chunk edges leave no clicks, and 3-7 ms
+late where soxr's streaming resampler held the caller's audio back 62 ms from 8 kHz)."""
 
 from __future__ import annotations
 
@@ -59,17 +59,20 @@ class StreamResampler:
     """Resamples a live stream chunk by chunk; a no-op when the rates match.
 
     A windowed-sinc low-pass (Kaiser, 60 dB) run as a polyphase filter, linear phase and short: its pass band
-    ends at 85 % of the lower rate's Nyquist frequency and its stop band begins there, so each output sample
-    waits for only half the filter (3.1 ms from 8 kHz to 16 kHz, 1.5 ms from 48 kHz). soxr's streaming
-    resampler, at any quality that filters (LQ to VHQ), held the stream back 33-61 ms from 8 kHz and 11-42 ms
-    from 24 or 48 kHz: that long after the caller stopped, the VAD and the recognizer were still waiting for
-    the end of their words. The output is aligned with the input (sample k is at time k / out_rate); the
-    last `delay_s` of it comes with the next chunk, or at once with `last=True`."""
+    ends at `pass_band` (93 %) of the lower rate's Nyquist frequency and its stop band begins there, so each
+    output sample waits for only half the filter (6.5 ms from 8 kHz to 16 kHz, 3.2 ms from 24 or 48 kHz).
+    soxr's streaming resampler, at any quality that filters (LQ to VHQ), held the stream back 33-61 ms from
+    8 kHz and 11-42 ms from 24 or 48 kHz: that long after the caller stopped, the VAD and the recognizer were
+    still waiting for the end of their words. A pass band ending at 85 % (half the filter, 3.1 ms) cut the top
+    of the phone band, where /s/ and /z/ are, and whisper-tiny.en made more errors on 8 kHz callers
+    (bench/stream_resampler.py on its tune split). The output is aligned with the input (sample k is at time
+    k / out_rate), the same to the bit however the input is chunked; the last half filter of it comes with
+    the next chunk, or at once with `last=True`."""
 
     ATTENUATION_DB = 60.0
-    PASS = 0.85  # the pass band's edge, a share of the lower rate's Nyquist frequency
+    PASS = 0.93  # the pass band's edge, a share of the lower rate's Nyquist frequency
 
-    def __init__(self, in_rate: int, out_rate: int) -> None:
+    def __init__(self, in_rate: int, out_rate: int, pass_band: float = PASS) -> None:
         self.in_rate, self.out_rate = in_rate, out_rate
         g = math.gcd(in_rate, out_rate)
         self.up, self.down = out_rate // g, in_rate // g
@@ -77,11 +80,11 @@ class StreamResampler:
             return
         rate = in_rate * self.up  # the filter runs at the common rate
         nyquist = min(in_rate, out_rate) / 2
-        width = 2 * math.pi * (1 - self.PASS) * nyquist / rate  # the transition band, radians a sample
+        width = 2 * math.pi * (1 - pass_band) * nyquist / rate  # the transition band, radians a sample
         taps = math.ceil((self.ATTENUATION_DB - 7.95) / (2.285 * width)) + 1
         taps += 1 - taps % 2  # odd: a whole-sample delay
         self.center = (taps - 1) // 2
-        cutoff = (1 + self.PASS) / 2 * nyquist / rate  # cycles a sample, mid transition
+        cutoff = (1 + pass_band) / 2 * nyquist / rate  # cycles a sample, mid transition
         n = np.arange(taps) - self.center
         h = 2 * cutoff * np.sinc(2 * cutoff * n) * np.kaiser(taps, 0.1102 * (self.ATTENUATION_DB - 8.7))
         h *= self.up / h.sum()  # unit gain: the up-sampled stream has one sample in `up` not zero
@@ -89,7 +92,7 @@ class StreamResampler:
         padded = np.zeros(self.per_phase * self.up)
         padded[:taps] = h
         self.phases = padded.reshape(self.per_phase, self.up).T  # [phase, j] = h[phase + j * up]
-        self.delay_s = self.center / rate
+        self._weights = self.phases[:, ::-1].copy()  # [phase, j]: the weight of the j-th oldest input an output weighs
         self._history = np.zeros(self.per_phase, dtype=np.float64)  # silence before the stream
         self._first = -self.per_phase  # the stream index of _history[0]
         self._in = 0  # input samples taken
@@ -108,11 +111,14 @@ class StreamResampler:
         if last:  # the rest as if silence followed
             end = -(-self._in * self.up // self.down)
             self._history = np.concatenate([self._history, np.zeros(self.per_phase + 1)])
-        k = np.arange(self._out, end)
-        u = k * self.down + self.center
-        newest = u // self.up  # the newest input sample each output weighs
-        taken = newest[:, None] - np.arange(self.per_phase)[None, :] - self._first
-        out = np.einsum("kj,kj->k", self.phases[u % self.up], self._history[taken]).astype(np.float32)
+        out = np.empty(max(0, end - self._out), dtype=np.float32)
+        windows = np.lib.stride_tricks.sliding_window_view(self._history, self.per_phase)
+        for i in range(min(self.up, len(out))):  # outputs i, i + up, ... weigh their inputs with one phase
+            u = (self._out + i) * self.down + self.center
+            oldest = u // self.up - self.per_phase + 1 - self._first  # the first input output i weighs
+            count = len(range(i, len(out), self.up))
+            taken = windows[oldest:oldest + (count - 1) * self.down + 1:self.down]
+            out[i::self.up] = np.einsum("kj,j->k", taken, self._weights[u % self.up])  # the same sums however chunked
         self._out = end
         keep = (end * self.down + self.center) // self.up - self.per_phase + 1  # the oldest sample still needed
         if keep > self._first:

@@ -50,8 +50,9 @@ def streamed(resampler: StreamResampler, samples: np.ndarray, chunk: int) -> tup
 @pytest.mark.parametrize("rates", [(8000, 16000), (24000, 16000), (48000, 16000), (44100, 16000), (16000, 8000)])
 def test_the_stream_resampler_keeps_a_tone_in_place_and_holds_back_only_a_few_ms(rates: tuple[int, int]) -> None:
     """A 1 kHz tone comes out the same tone, aligned with the input (no delay to undo), the same length as
-    the input at the new rate, the same whatever the chunks; and a live stream is held back ~2-3 ms (soxr's
-    streaming resampler held 8 kHz audio back 61 ms)."""
+    the input at the new rate, the same to the bit whatever the chunks (a network's packets must not change
+    what the recognizer hears); and a live stream is held back a few ms (6.5 from 8 kHz; soxr's streaming
+    resampler held 8 kHz audio back 61 ms)."""
     in_rate, out_rate = rates
     samples = tone(1000, in_rate)
     out, lags = streamed(StreamResampler(in_rate, out_rate), samples, in_rate // 50)  # 20 ms chunks
@@ -61,7 +62,7 @@ def test_the_stream_resampler_keeps_a_tone_in_place_and_holds_back_only_a_few_ms
     assert np.sqrt(np.mean(error ** 2)) < 1e-3 * 0.35  # -60 dB
     odd, _ = streamed(StreamResampler(in_rate, out_rate), samples, 137)
     assert np.array_equal(odd, out)
-    assert max(lags[1:]) < 0.004
+    assert max(lags[1:]) < 0.008
 
 
 def test_the_stream_resampler_keeps_out_what_the_lower_rate_cannot_carry() -> None:
@@ -69,6 +70,18 @@ def test_the_stream_resampler_keeps_out_what_the_lower_rate_cannot_carry() -> No
     out (the filter's stop band, 60 dB)."""
     out, _ = streamed(StreamResampler(48000, 16000), tone(12000, 48000), 960)
     assert np.sqrt(np.mean(out[200:-200] ** 2)) < 0.35 * 10 ** (-55 / 20)
+
+
+@pytest.mark.parametrize("rates", [(8000, 16000), (48000, 16000)])
+def test_the_stream_resampler_keeps_the_top_of_the_band(rates: tuple[int, int]) -> None:
+    """A tone at 90 % of the lower rate's Nyquist frequency (3.6 kHz on a phone line, where /s/ and /z/ are)
+    passes within 0.5 dB: a pass band that ended at 85 % lost enough of it that whisper-tiny.en heard "days" as
+    "day" (bench/stream_resampler.py --draws)."""
+    in_rate, out_rate = rates
+    hz = 0.9 * min(in_rate, out_rate) / 2
+    out, _ = streamed(StreamResampler(in_rate, out_rate), tone(hz, in_rate), in_rate // 50)
+    level = np.sqrt(np.mean(out[400:-400] ** 2)) / np.sqrt(np.mean(tone(hz, out_rate)[400:-400] ** 2))
+    assert abs(20 * np.log10(level)) < 0.5, level
 
 
 def test_the_same_rate_passes_through() -> None:
