@@ -24,12 +24,17 @@ def redact_url(text: str) -> str:
 
 
 class RedactQuery(logging.Filter):
-    """Rewrites a record whose message carries a secret query parameter (and keeps every record)."""
+    """Rewrites a record whose message carries a secret query parameter (and keeps every record). The
+    secret is taken out of the argument that carries it, so the record keeps its arguments: uvicorn's
+    access formatter unpacks them (client, method, path, version, status), and a record with none
+    failed to format, its traceback in the log in place of the line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_url(a) if isinstance(a, str) else a for a in record.args)
         message = record.getMessage()
         redacted = redact_url(message)
-        if redacted != message:
+        if redacted != message:  # a secret in the message itself, split across arguments, in an object's str
             record.msg, record.args = redacted, ()
         return True
 

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.main import create_app
-from app.redact import looks_like_number, mask_number, mask_parameters
+from app.redact import RedactQuery, looks_like_number, mask_number, mask_parameters
 from app.settings import ServerConfig, Settings
 from core.private import caller_content, set_caller_content
 
@@ -56,3 +56,17 @@ def test_the_app_puts_the_setting_in_force(mode: None, value: str) -> None:
     # httpx logs each request's URL at INFO, a GET tool's arguments in its query
     assert logging.getLogger("aiosqlite").isEnabledFor(logging.DEBUG) is (value == "info")
     assert logging.getLogger("httpx").isEnabledFor(logging.INFO) is (value == "info")
+
+
+def test_an_access_log_line_with_a_token_is_written_redacted_by_uvicorns_own_formatter() -> None:
+    """uvicorn's access formatter unpacks the record's five arguments: the filter takes the token out of
+    the path argument and keeps them (a record left with none failed to format, and the line was lost)."""
+    from uvicorn.logging import AccessFormatter
+
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d', (
+        "127.0.0.1:5000", "POST", "/webrtc/calls?token=s3cret&x=1", "1.1", 201), None)
+    assert RedactQuery().filter(record)
+    line = AccessFormatter("%(client_addr)s %(request_line)s %(status_code)s", use_colors=False).format(record)
+    assert line == '127.0.0.1:5000 POST /webrtc/calls?token=[redacted]&x=1 HTTP/1.1 201 Created', line
+    plain = logging.LogRecord("app", logging.INFO, __file__, 1, "GET /telnyx/media?token=%s", ("s3cret",), None)
+    assert RedactQuery().filter(plain) and plain.getMessage() == "GET /telnyx/media?token=[redacted]"
