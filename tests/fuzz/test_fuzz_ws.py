@@ -81,9 +81,8 @@ def shared() -> Iterator[tuple[Loop, Runtime, GoodCaller]]:
     talking = asyncio.run_coroutine_threadsafe(good.talk(), loop.loop)
     yield loop, runtime, good
     loop.loop.call_soon_threadsafe(good.stopped.set)
-    talking.result(60)  # the reply in flight: at most UNANSWERED_S, then the call's end: at most 10 s
+    talking.result(30)  # the call's end: at most 10 s
     loop.close()
-    assert not good.unanswered, "the well-behaved caller's last utterance got no reply"
 
 
 async def _make_caller(runtime: Runtime) -> GoodCaller:
