@@ -25,6 +25,7 @@ from app.settings import Settings
 from app.transports import outbound
 from app.transports.native import wire as native
 from app.transports.phone import telnyx, twilio
+from app.transports.phone.dial import PhoneDialer
 from app.transports.realtime import secrets as realtime_secrets
 from app.transports.realtime import wire as realtime
 from app.transports.sip.calls import SipCalls
@@ -65,6 +66,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
             yield
         finally:
             loading.cancel()
+            await app.state.phone_dialer.close()
             if sip is not None:
                 await sip.stop()
             if metrics_server is not None:
@@ -74,6 +76,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock | None = None,
     app = FastAPI(title="voice-agent", version="0.1.0", lifespan=lifespan)
     app.state.runtime = runtime
     app.state.placed_calls = outbound.PlacedCalls()
+    app.state.phone_dialer = PhoneDialer(runtime)
     settings = runtime.settings
     runtime.metrics.call_slots.set(settings.server.max_sessions)
     app.state.access = access.Access(settings.server, runtime.clock,

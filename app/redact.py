@@ -1,12 +1,13 @@
 """What must not reach the logs: secrets in URLs (a Telnyx stream token, a browser's session token,
-both in the query string, where an access log writes them) and callers' phone numbers."""
+a call placed out's stream credential: all in the query string, where an access log writes them) and
+callers' phone numbers."""
 
 from __future__ import annotations
 
 import logging
 import re
 
-SECRET_QUERY = re.compile(r"([?&](?:token|key|api_key|access_token)=)[^&\s\"']*", re.IGNORECASE)
+SECRET_QUERY = re.compile(r"([?&](?:token|key|api_key|access_token|placed)=)[^&\s\"']*", re.IGNORECASE)
 URI = re.compile(r"(?P<scheme>(?:sips?|tel):)(?P<user>[^@;]+)(?P<host>[@;].*)?$", re.IGNORECASE)
 PHONE = re.compile(r"\+?[\d\s().-]+")  # digits, perhaps spaced or punctuated
 NUMBER_NAMES = frozenset({"from", "to", "caller", "called", "callerid", "caller_id", "ani", "dnis"})

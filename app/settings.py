@@ -143,11 +143,22 @@ class TwilioConfig(BaseModel):
     shared_keys: dict[str, SecretStr] = Field(
         default_factory=dict, description="SharedKey id -> secret, for webhooks whose X-Twilio-Webhooks-Signature-"
         "Settings names a key (HMAC-SHA256); a request naming no known key is checked with the auth token")
+    account_sid: str = Field("", max_length=64, description="the account (AC...) that places calls out through "
+                             "Twilio's REST API, with the auth token")
+    caller_id: str = Field("", max_length=64, description="the number calls out come from (a Twilio number of the "
+                           "account, E.164)")
+    api_url: str = Field("https://api.twilio.com", description="Twilio's REST API (another address for a test double "
+                         "or a regional edge)")
 
     @field_validator("public_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
         return public_url("twilio.public_url", value)
+
+    @field_validator("api_url")
+    @classmethod
+    def _api_url(cls, value: str) -> str:
+        return public_url("twilio.api_url", value) or cls.model_fields["api_url"].default
 
 
 class TelnyxConfig(BaseModel):
@@ -168,12 +179,23 @@ class TelnyxConfig(BaseModel):
     check_token: bool = Field(
         True, description="false accepts connections without the token: for local testing only (a warning at "
         "start-up)")
-
+    api_key: SecretStr = Field(SecretStr(""), description="the API key that places calls out through Telnyx's Call "
+                               "Control API")
+    connection_id: str = Field("", max_length=128, description="the Call Control application calls out are placed "
+                               "from")
+    caller_id: str = Field("", max_length=64, description="the number calls out come from (E.164)")
+    api_url: str = Field("https://api.telnyx.com", description="Telnyx's REST API (another address for a test "
+                         "double)")
 
     @field_validator("public_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
         return public_url("telnyx.public_url", value)
+
+    @field_validator("api_url")
+    @classmethod
+    def _api_url(cls, value: str) -> str:
+        return public_url("telnyx.api_url", value) or cls.model_fields["api_url"].default
 
 
 class PhoneConfig(BaseModel):
@@ -189,6 +211,11 @@ class PhoneConfig(BaseModel):
         "every caller); more are closed with 1013")
     max_media_payload_bytes: int = Field(
         16000, ge=160, description="largest decoded audio payload of one media frame (2 s of 8 kHz mu-law)")
+    api_timeout_s: float = Field(
+        10.0, gt=0, le=60, description="how long a call placed out waits for the provider's REST API to answer")
+    answer_grace_s: float = Field(
+        20.0, gt=0, le=300, description="a call placed out whose media stream has not started this long after its "
+        "ring timeout is given up (not answered, or the provider could not reach the stream URL)")
 
 
 class RealtimeConfig(BaseModel):

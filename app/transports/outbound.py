@@ -29,6 +29,7 @@ from app.runtime import Runtime
 from app.security.guard import CLIENT_KEY, OUTBOUND_CALLS_PATH, TAKE_CALL_SLOT
 from app.store import utc_now
 from app.transports.answering_machine import Verdict
+from app.transports.phone.dial import DialError, PhoneDialer
 from app.transports.sip.calls import SipCalls
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,9 @@ async def place_call(request: Request) -> JSONResponse:
         return _error(400, "invalid_request", f"{where}: {first['msg']}")
     if order.answering_machine == "leave_message" and not order.voicemail_message:
         return _error(400, "invalid_request", "voicemail_message: required with answering_machine leave_message")
+    sip: SipCalls | None = getattr(request.app.state, "sip", None)
+    dialer: PhoneDialer = request.app.state.phone_dialer
     if order.transport == "sip":
-        sip: SipCalls | None = getattr(request.app.state, "sip", None)
         if sip is None:
             return _error(409, "sip_disabled", "SIP is off on this server (sip.enabled)")
         try:
@@ -116,7 +118,12 @@ async def place_call(request: Request) -> JSONResponse:
         except ValueError as exc:
             return _error(400, "bad_destination", str(exc))
     else:
-        return _error(501, "not_supported", f"calls out over {order.transport} are not served yet; use sip")
+        missing = dialer.unready(order.transport)
+        if missing is not None:
+            return _error(409, f"{order.transport}_not_configured", missing)
+        if order.answering_machine != "off":
+            return _error(501, "not_supported", f"answering-machine detection is served on SIP calls only, not over "
+                          f"{order.transport}")
     take = request.scope.get(TAKE_CALL_SLOT)
     slot = await take() if take is not None else None
     if take is not None and slot is None:
@@ -139,14 +146,24 @@ async def place_call(request: Request) -> JSONResponse:
         record.machine_detection = {"at_s": verdict.at_s, "why": verdict.why}
 
     try:
-        session_id = await sip.place(order.to, first_message=order.first_message, instructions=order.instructions,
-                                     placed=placed, on_state=on_state, ring_timeout_s=order.ring_timeout_s,
-                                     machine=order.answering_machine, voicemail_message=order.voicemail_message,
-                                     on_verdict=on_verdict)
+        if sip is not None and order.transport == "sip":
+            session_id = await sip.place(order.to, first_message=order.first_message, instructions=order.instructions,
+                                         placed=placed, on_state=on_state, ring_timeout_s=order.ring_timeout_s,
+                                         machine=order.answering_machine, voicemail_message=order.voicemail_message,
+                                         on_verdict=on_verdict)
+        else:
+            line = await dialer.place(order.transport, order.to, first_message=order.first_message,
+                                      instructions=order.instructions, placed=placed, on_state=on_state,
+                                      ring_timeout_s=order.ring_timeout_s)
+            session_id = line.session_id
     except (ValueError, OSError) as exc:
         if slot is not None:
             slot.release()
         return _error(503, "call_refused", f"the call could not be placed: {exc}")
+    except DialError as exc:
+        if slot is not None:
+            slot.release()
+        return _error(exc.status, exc.code, f"the call could not be placed: {exc}")
     record.call_id = session_id
     placed_calls(request).add(record)
     log.info("outbound %s: %s calls %s over %s (%s)", record.id, owner or "?", mask_number(order.to), order.transport,

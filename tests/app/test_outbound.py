@@ -1,6 +1,7 @@
 """POST /api/calls/outbound's refusals, with fake engines (named as fakes) and SIP off: a key is
 required even where the API is open, bad requests say what is wrong, SIP off says so. Calls that
-are placed are tested for real in tests/e2e/test_sip.py."""
+are placed are tested for real in tests/e2e/test_sip.py (SIP) and tests/app/test_outbound_phone.py
+(Twilio, Telnyx)."""
 
 from __future__ import annotations
 
@@ -44,12 +45,12 @@ async def test_bad_requests_say_what_is_wrong() -> None:
         assert voicemail.status_code == 400 and "voicemail_message" in voicemail.json()["error"]["message"]
 
 
-async def test_sip_off_and_the_other_carriers_are_refused_with_the_reason() -> None:
+async def test_sip_off_and_unconfigured_carriers_are_refused_with_the_reason() -> None:
     headers = {"authorization": f"Bearer {KEY}"}
     async with client(api_keys=[KEY]) as http:
         off = await http.post(PATH, json={"to": "sip:bob@127.0.0.1"}, headers=headers)
         assert off.status_code == 409 and "sip.enabled" in off.json()["error"]["message"]
         twilio = await http.post(PATH, json={"to": "+15550001111", "transport": "twilio"}, headers=headers)
-        assert twilio.status_code == 501
+        assert twilio.status_code == 409 and "twilio.account_sid" in twilio.json()["error"]["message"]
         unknown = await http.get(PATH + "/out_nothing", headers=headers)
         assert unknown.status_code == 404

@@ -70,3 +70,6 @@ def test_an_access_log_line_with_a_token_is_written_redacted_by_uvicorns_own_for
     assert line == '127.0.0.1:5000 POST /webrtc/calls?token=[redacted]&x=1 HTTP/1.1 201 Created', line
     plain = logging.LogRecord("app", logging.INFO, __file__, 1, "GET /telnyx/media?token=%s", ("s3cret",), None)
     assert RedactQuery().filter(plain) and plain.getMessage() == "GET /telnyx/media?token=[redacted]"
+    placed = logging.LogRecord("app", logging.INFO, __file__, 1, "GET /telnyx/media?placed=%s", ("out_1.s3cret",),
+                               None)
+    assert RedactQuery().filter(placed) and placed.getMessage() == "GET /telnyx/media?placed=[redacted]"

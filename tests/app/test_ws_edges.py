@@ -37,6 +37,7 @@ class FakeSocket:
         self.closed_with: int | None = None
         self.close_reason: str | None = None
         self.application_state = WebSocketState.CONNECTED
+        self.query_params: dict[str, str] = {}
 
     async def receive(self) -> dict[str, Any]:
         return await self.inbox.get()

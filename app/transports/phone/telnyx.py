@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from app.runtime import Runtime
 from app.settings import Settings
 from app.transports.phone.messages import TELNYX
-from app.transports.phone.wire import deny, serve_call
+from app.transports.phone.wire import PLACED, deny, serve_call
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -82,7 +82,9 @@ async def media_socket(websocket: WebSocket) -> None:
     config = runtime.settings.telnyx
     tokens = runtime.telnyx_tokens
     token = websocket.query_params.get(TOKEN_QUERY) or websocket.headers.get(TOKEN_HEADER)
-    if config.check_token and not tokens.take(token):
+    # a call the service placed: the stream URL it gave Telnyx carries that call's own credential
+    placed = websocket.app.state.phone_dialer.waiting(websocket.query_params.get(PLACED))
+    if config.check_token and placed is None and not tokens.take(token):
         runtime.metrics.error("bad_stream_token")
         log.warning("%s: refused a connection without a valid stream token (missing, forged, expired or used)",
                     MEDIA_PATH)

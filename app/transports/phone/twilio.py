@@ -3,6 +3,7 @@
 
     POST /twilio/voice   (the number's "A call comes in" webhook) -> <Connect><Stream url="wss://.../twilio/media">
     GET  /twilio/media   (WebSocket) -> app/transports/phone/wire.py
+    POST /twilio/status  (a call placed out: its status callback) -> app/transports/phone/dial.py
 
 Signatures cover the URL Twilio called, which a proxy or a tunnel hides from the request, so it
 comes from `twilio.public_url`: the webhook's is public_url + path (+ query), over the sorted POST
@@ -31,6 +32,7 @@ router = APIRouter()
 
 VOICE_PATH = "/twilio/voice"
 MEDIA_PATH = "/twilio/media"
+STATUS_PATH = "/twilio/status"
 SIGNATURE_HEADER = "X-Twilio-Signature"
 CALL_PARAMETERS = ("CallSid", "From", "To")  # webhook fields handed to the stream as <Parameter>s
 
@@ -140,3 +142,28 @@ async def media_socket(websocket: WebSocket) -> None:
         await deny(websocket)
         return
     await serve_call(websocket, TWILIO)
+
+
+@router.post(STATUS_PATH, include_in_schema=False)
+async def status_callback(request: Request) -> Response:
+    """A call placed out (app/transports/phone/dial.py) rings, or ends before its stream started:
+    Twilio's signed status callback, `?placed=<the call's id>`."""
+    runtime: Runtime = request.app.state.runtime
+    config = runtime.settings.twilio
+    if len(await request.body()) > runtime.settings.phone.max_frame_bytes:
+        return Response(status_code=413)
+    form = await request.form()
+    fields = {name: value for name, value in form.items() if isinstance(value, str)}
+    if config.check_signatures:
+        url = config.public_url.rstrip("/") + STATUS_PATH + (f"?{request.url.query}" if request.url.query else "")
+        if not configured(config) or not signature_ok(config, url, form, request.headers):
+            runtime.metrics.error("bad_signature")
+            log.warning("%s: refused a request without a valid %s", STATUS_PATH, SIGNATURE_HEADER)
+            return Response(status_code=403)
+    placed = request.query_params.get("placed", "")
+    status = fields.get("CallStatus", "")
+    detail = f"SIP {fields['SipResponseCode']}" if fields.get("SipResponseCode") else ""
+    log.info("twilio %s: call %s is %s", fields.get("CallSid", "?"), placed[:40] or "?", status or "?")
+    if not request.app.state.phone_dialer.status(placed, status, detail):
+        log.info("%s: call %r was not placed from this replica (or has ended)", STATUS_PATH, placed[:40])
+    return Response(status_code=204)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import WebSocket
 
@@ -52,8 +52,12 @@ from core.private import Private, content, keys, log_private, words
 from pipeline.audio import mulaw_to_float, pcm16_to_mulaw
 from pipeline.events import ErrorEvent, OutEvent, ResponseDone, SpeechStarted, TranscriptFinal
 
+if TYPE_CHECKING:
+    from app.transports.phone.dial import PhoneDialer, PlacedLine
+
 log = logging.getLogger(__name__)
 NONCE_PARAMETER = "nonce"  # the TwiML <Parameter> that Twilio hands back in `start`
+PLACED = "placed"  # a call placed out: its stream's credential (a <Parameter>, or the Telnyx URL's query)
 
 
 def logged_turn(done: ResponseDone) -> Private:
@@ -142,6 +146,7 @@ class PhoneWire:
         self.provider = provider
         self.phone = call.runtime.settings.phone
         self.outbound = PhoneOutbound(call.writer, provider, self.phone, call.runtime.metrics)
+        self.placed: PlacedLine | None = None  # a call the service placed (app/transports/phone/dial.py)
 
     @property
     def label(self) -> str:
@@ -212,6 +217,9 @@ class PhoneWire:
             return
         self.outbound.stream_id = start.stream_id
         self.outbound.label = f"{self.provider.name} {start.call_id}"
+        credential = start.parameters.get(PLACED) or call.websocket.query_params.get(PLACED)
+        if credential:
+            return await self._start_placed(start, credential)
         if not await self._nonce_ok(start):
             await call.tell("bad_nonce", "the stream did not come from this server's TwiML (its nonce is missing, "
                             "used or expired)")
@@ -228,6 +236,25 @@ class PhoneWire:
                            toolbox=runtime.toolbox(), caller=caller)
         shown = mask_parameters({k: v for k, v in start.parameters.items() if k != NONCE_PARAMETER})
         log.info("%s: call started (stream %s, %s)", self.label, start.stream_id, shown)
+
+    async def _start_placed(self, start: CallStart, credential: str) -> None:
+        """The stream of a call the service placed: its slot was taken when it was placed; it runs
+        with the call's instructions and record, and says its first message at once."""
+        call = self.call
+        line = dialer(call.websocket).claim(credential, self.provider.name)
+        if line is None:
+            await call.tell("unknown_call", "the stream names a call this replica did not place, or one already "
+                            "answered or given up")
+            call.end_reason = "refused"
+            return await call.close(CLOSE_POLICY)
+        self.placed = line
+        call.session_id = line.session_id
+        session = call.start_session(self.outbound, input_rate=SAMPLE_RATE, output_rate=SAMPLE_RATE,
+                                     toolbox=call.runtime.toolbox(), placed=line.placed,
+                                     system_prompt=line.instructions)
+        log.info("%s: the call placed out as %s is answered (stream %s)", self.label, line.id, start.stream_id)
+        if line.first_message:
+            await session.say(line.first_message)
 
     async def _nonce_ok(self, start: CallStart) -> bool:
         runtime = self.call.runtime
@@ -269,4 +296,16 @@ async def deny(websocket: WebSocket) -> None:
 async def serve_call(websocket: WebSocket, provider: Provider) -> None:
     """Run one call on an authenticated provider socket. The call takes its slot at `start`
     (PhoneWire.start_call); a socket that sends none within server.start_timeout_s is closed."""
-    await phone_call(websocket, websocket.app.state.runtime, provider).serve(take_slot=False)
+    call = phone_call(websocket, websocket.app.state.runtime, provider)
+    try:
+        await call.serve(take_slot=False)
+    finally:
+        wire = call.wire
+        if isinstance(wire, PhoneWire) and wire.placed is not None:
+            dialer(websocket).finish(wire.placed, call.end_reason)
+
+
+def dialer(websocket: WebSocket) -> PhoneDialer:
+    """The app's calls placed out (app/main.py makes it)."""
+    placed: PhoneDialer = websocket.app.state.phone_dialer
+    return placed

@@ -1,0 +1,262 @@
+"""Calls placed out through Twilio's and Telnyx's REST APIs (docs/phone.md#calls-out).
+
+Twilio: `POST {twilio.api_url}/2010-04-01/Accounts/{twilio.account_sid}/Calls.json`, form-encoded,
+HTTP Basic with the account SID and auth token: `To`, `From` (twilio.caller_id), `Twiml` (a
+<Connect><Stream> to this server's /twilio/media), `Timeout` (the ring timeout) and a signed
+`StatusCallback` (POST /twilio/status) for `initiated ringing answered completed`.
+
+Telnyx: `POST {telnyx.api_url}/v2/calls`, JSON, `Authorization: Bearer {telnyx.api_key}`:
+`connection_id`, `to`, `from` (telnyx.caller_id), `timeout_secs`, and `stream_url` (this server's
+/telnyx/media) with `stream_track` `inbound_track` and bidirectional RTP in PCMU.
+
+Either way the provider rings the callee and, once answered, opens the media stream the call runs
+on (app/transports/phone/wire.py). The stream names the call it is for by a credential made for it
+(`placed` = "<id>.<secret>": a TwiML <Parameter>, or the Telnyx stream URL's query), good for one
+stream while the call rings: it stands for the one-use nonce or token of a call that came in,
+which could expire during a long ring. The call's slot (server.max_sessions) is taken when it is
+placed, so a callee who answers is never refused for a full server. A call whose stream has not
+started `phone.answer_grace_s` after its ring timeout is given up, and its slot given back.
+
+This replica keeps what it placed: with several replicas behind a balancer, the stream must reach
+the replica that placed the call (docs/phone.md says how), or it is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import secrets
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+import httpx
+
+from app.admission import admit_call
+from app.redact import mask_number
+from app.runtime import Runtime
+from app.transports.phone import telnyx, twilio
+from app.transports.phone.wire import PLACED
+
+log = logging.getLogger(__name__)
+TWILIO_EVENTS = ("initiated", "ringing", "answered", "completed")
+# Twilio's CallStatus values that end a call before it was answered (`completed` too: answered and
+# hung up before the stream started)
+TWILIO_ENDED = {"busy", "no-answer", "failed", "canceled", "completed"}
+
+
+class DialError(Exception):
+    """The call could not be placed: `status` is the HTTP status to answer, the text says why."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code = status, code
+
+
+@dataclass
+class PlacedLine:
+    """A call placed out, from its placing until its stream ends."""
+
+    id: str  # out_...
+    secret: str  # with the id, the stream's one credential
+    transport: str  # "twilio", "telnyx"
+    session_id: str  # the call's record; its slot is taken from the moment it is placed
+    first_message: str | None
+    instructions: str | None
+    placed: dict[str, Any]  # the record's `settings.placed`
+    on_state: Callable[[str, str], None]
+    provider_id: str = ""  # Twilio's CallSid, Telnyx's call_control_id
+    answered: bool = False
+    done: bool = False
+    watch: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    @property
+    def credential(self) -> str:
+        return f"{self.id}.{self.secret}"
+
+
+class PhoneDialer:
+    """The calls this replica placed through Twilio or Telnyx, while they ring or run."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.lines: dict[str, PlacedLine] = {}  # by id, from placing until the call ends
+        self.http: httpx.AsyncClient | None = None  # the providers' APIs (made with the first call placed)
+
+    def unready(self, transport: str) -> str | None:
+        """What is missing for calls out over `transport`, or None."""
+        if transport == "twilio":
+            config = self.runtime.settings.twilio
+            missing = [name for name, value in (("account_sid", config.account_sid), ("caller_id", config.caller_id),
+                                                ("auth_token", config.auth_token.get_secret_value()),
+                                                ("public_url", config.public_url)) if not value]
+        else:
+            tel = self.runtime.settings.telnyx
+            missing = [name for name, value in (("api_key", tel.api_key.get_secret_value()),
+                                                ("connection_id", tel.connection_id), ("caller_id", tel.caller_id),
+                                                ("public_url", tel.public_url)) if not value]
+        if not missing:
+            return None
+        return f"calls out over {transport} need {', '.join(f'{transport}.{name}' for name in missing)} set"
+
+    async def place(self, transport: str, to: str, *, first_message: str | None, instructions: str | None,
+                    placed: dict[str, Any], on_state: Callable[[str, str], None], ring_timeout_s: float,
+                    ) -> PlacedLine:
+        """Take a call slot, ask the provider to ring `to`, and wait for the stream (a task). DialError
+        when the server is full, or the provider refuses or cannot be reached (the slot is given back)."""
+        runtime = self.runtime
+        refused = await admit_call(runtime, runtime.settings.server.admission_wait_s)
+        if refused is not None:
+            raise DialError(503, refused.code, refused.message)
+        line = PlacedLine(str(placed["id"]), secrets.token_urlsafe(24), transport,
+                          f"{transport}_{uuid.uuid4().hex[:16]}", first_message, instructions, placed, on_state)
+        runtime.open_session(line.session_id, transport)
+        self.lines[line.id] = line
+        http = self.http = self.http or httpx.AsyncClient(follow_redirects=False)
+        try:
+            if transport == "twilio":
+                line.provider_id = await self._twilio(line, to, ring_timeout_s, http)
+            else:
+                line.provider_id = await self._telnyx(line, to, ring_timeout_s, http)
+        except BaseException:
+            self._drop(line)
+            raise
+        log.info("%s: %s placed the call to %s (%s)", line.id, transport, mask_number(to), line.provider_id)
+        line.watch = asyncio.create_task(self._watch(line, ring_timeout_s + runtime.settings.phone.answer_grace_s))
+        return line
+
+    async def _twilio(self, line: PlacedLine, to: str, ring_timeout_s: float, http: httpx.AsyncClient) -> str:
+        config = self.runtime.settings.twilio
+        url = f"{config.api_url}/2010-04-01/Accounts/{config.account_sid}/Calls.json"
+        form: list[tuple[str, str]] = [
+            ("To", to), ("From", config.caller_id),
+            ("Twiml", twilio.twiml(twilio.stream_url(config.public_url), {PLACED: line.credential})),
+            ("Timeout", str(round(ring_timeout_s))),
+            ("StatusCallback", f"{config.public_url}{twilio.STATUS_PATH}?{PLACED}={line.id}"),
+            ("StatusCallbackMethod", "POST"),
+            *(("StatusCallbackEvent", event) for event in TWILIO_EVENTS),
+        ]
+        body = await self._post(http, "twilio", url, content=urlencode(form),  # StatusCallbackEvent repeats
+                                headers={"Content-Type": "application/x-www-form-urlencoded"},
+                                auth=(config.account_sid, config.auth_token.get_secret_value()))
+        sid = body.get("sid")
+        if not isinstance(sid, str) or not sid:
+            raise DialError(502, "provider_error", f"twilio answered without a call sid: {str(body)[:200]}")
+        return sid
+
+    async def _telnyx(self, line: PlacedLine, to: str, ring_timeout_s: float, http: httpx.AsyncClient) -> str:
+        config = self.runtime.settings.telnyx
+        stream = telnyx.stream_url(config.public_url, "").partition("?")[0] + f"?{PLACED}={line.credential}"
+        payload = {"connection_id": config.connection_id, "to": to, "from": config.caller_id,
+                   "timeout_secs": round(ring_timeout_s), "stream_url": stream, "stream_track": "inbound_track",
+                   "stream_bidirectional_mode": "rtp", "stream_bidirectional_codec": "PCMU"}
+        body = await self._post(http, "telnyx", f"{config.api_url}/v2/calls", json=payload,
+                                headers={"Authorization": f"Bearer {config.api_key.get_secret_value()}"})
+        data = body.get("data")
+        call_id = data.get("call_control_id") if isinstance(data, dict) else None
+        if not isinstance(call_id, str) or not call_id:
+            raise DialError(502, "provider_error", f"telnyx answered without a call_control_id: {str(body)[:200]}")
+        return call_id
+
+    async def _post(self, http: httpx.AsyncClient, provider: str, url: str, **request: Any) -> dict[str, Any]:
+        timeout = self.runtime.settings.phone.api_timeout_s
+        try:
+            response = await http.post(url, timeout=timeout, **request)
+        except httpx.HTTPError as exc:
+            raise DialError(502, "provider_unreachable",
+                            f"{provider}'s API at {url.split('/')[2]} did not answer ({type(exc).__name__}: {exc}); "
+                            f"check {provider}.api_url and the network") from None
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        if not isinstance(body, dict):
+            body = {}
+        if response.status_code >= 400:
+            raise DialError(502, "provider_refused", f"{provider} refused the call: HTTP {response.status_code}: "
+                            f"{_provider_error(body) or response.text[:200]}")
+        return body
+
+    # -- the stream ---------------------------------------------------------------------------------
+    def waiting(self, credential: str | None) -> PlacedLine | None:
+        """The ringing call this stream credential was made for (it stays waiting), or None."""
+        ident, _, secret = (credential or "").partition(".")
+        line = self.lines.get(ident)
+        if line is None or line.answered or line.done or not hmac.compare_digest(secret, line.secret):
+            return None
+        return line
+
+    def claim(self, credential: str | None, transport: str) -> PlacedLine | None:
+        """The stream's `start`: the call it was placed as, once (a second stream gets None)."""
+        line = self.waiting(credential)
+        if line is None or line.transport != transport:
+            return None
+        line.answered = True
+        if line.watch is not None:
+            line.watch.cancel()
+        line.on_state("answered", "")
+        return line
+
+    def finish(self, line: PlacedLine, reason: str) -> None:
+        """The call's stream has ended (its slot went back with the call)."""
+        if not line.done:
+            line.done = True
+            self.lines.pop(line.id, None)
+            line.on_state("ended", reason)
+
+    def status(self, ident: str, call_status: str, detail: str) -> bool:
+        """Twilio's status callback; False for a call this replica does not know."""
+        line = self.lines.get(ident)
+        if line is None:
+            return False
+        if line.answered or line.done:
+            return True  # the stream tells the rest
+        if call_status == "ringing":
+            line.on_state("ringing", detail)
+        elif call_status in TWILIO_ENDED:
+            self._fail(line, f"{call_status}{f' ({detail})' if detail else ''}")
+        return True
+
+    async def _watch(self, line: PlacedLine, wait_s: float) -> None:
+        await asyncio.sleep(wait_s)
+        if not line.answered and not line.done:
+            log.warning("%s: no media stream from %s %.0f s after the call was placed: given up (not answered, or "
+                        "%s could not reach %s.public_url)", line.id, line.transport, wait_s, line.transport,
+                        line.transport)
+            self._fail(line, f"no media stream within {wait_s:g} s")
+
+    def _fail(self, line: PlacedLine, detail: str) -> None:
+        self._drop(line)
+        line.done = True
+        line.on_state("failed", detail)
+
+    def _drop(self, line: PlacedLine) -> None:
+        self.lines.pop(line.id, None)
+        self.runtime.close_session(line.session_id)
+        if line.watch is not None and line.watch is not asyncio.current_task():
+            line.watch.cancel()
+
+    async def close(self) -> None:
+        """At shutdown: stop watching (the calls' slots go with the process)."""
+        for line in list(self.lines.values()):
+            if line.watch is not None:
+                line.watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await line.watch
+        if self.http is not None:
+            await self.http.aclose()
+
+
+def _provider_error(body: dict[str, Any]) -> str:
+    """Twilio's {"code", "message"} or Telnyx's {"errors": [{"code", "title", "detail"}]} as one line."""
+    if "message" in body:
+        return f"{body.get('code', '')} {body['message']}".strip()
+    errors = body.get("errors")
+    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
+        first = errors[0]
+        return f"{first.get('code', '')} {first.get('title', '')}: {first.get('detail', '')}".strip()
+    return ""

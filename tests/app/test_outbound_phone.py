@@ -1,0 +1,271 @@
+"""Calls placed out through Twilio's and Telnyx's REST APIs (app/transports/phone/dial.py), with the
+server on a real socket and fake engines (named as fakes). The providers are test doubles (FakeTwilio,
+FakeTelnyx: aiohttp servers that record each request and answer as the provider's documentation
+says). The test checks each request against the documented shape, then plays the provider's part
+as it would: it opens the media stream the request named, signed as Twilio signs, and the callee
+hears the first message."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, parse_qsl, urlsplit
+
+import httpx
+import pytest
+import uvicorn
+from aiohttp import web
+from websockets.exceptions import InvalidStatus
+
+from app.main import create_app
+from app.settings import PhoneConfig, ServerConfig, Settings, TelnyxConfig, TwilioConfig
+from app.store.config import StorageConfig
+from pipeline.session import Backends
+from tests.http_server import served as served_api
+from tests.phone_sim import PhoneSim, call_records, parse_twiml, twilio_signature
+from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad
+
+KEY = "k-outbound-phone-0123456789"
+HEADERS = {"authorization": f"Bearer {KEY}"}
+PUBLIC = "https://voice.example.test"
+AUTH_TOKEN = "twilio-auth-token"
+ACCOUNT = "AC" + "1" * 32
+TELNYX_KEY = "KEY0123456789"
+FIRST = "Hello, this is the clinic calling about your appointment tomorrow."  # 10 words: 1 s of fake speech
+
+
+class FakeTwilio:
+    """A test double of Twilio's Calls API: records each request, answers 201 with a call sid (or
+    `refuse`: Twilio's error body)."""
+
+    def __init__(self, refuse: dict[str, Any] | None = None) -> None:
+        self.requests: list[tuple[str, dict[str, str], list[tuple[str, str]]]] = []
+        self.refuse = refuse
+        self.app = web.Application()
+        self.app.router.add_post("/2010-04-01/Accounts/{account}/Calls.json", self.create)
+
+    async def create(self, request: web.Request) -> web.Response:
+        form = parse_qsl(await request.text(), keep_blank_values=True)
+        self.requests.append((request.path, dict(request.headers), form))
+        if self.refuse is not None:
+            return web.json_response(self.refuse, status=int(self.refuse["status"]))
+        sid = f"CA{len(self.requests):032x}"
+        return web.json_response({"sid": sid, "status": "queued", "to": dict(form)["To"]}, status=201)
+
+
+class FakeTelnyx:
+    """A test double of Telnyx's Dial command (POST /v2/calls)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[dict[str, str], dict[str, Any]]] = []
+        self.app = web.Application()
+        self.app.router.add_post("/v2/calls", self.dial)
+
+    async def dial(self, request: web.Request) -> web.Response:
+        self.requests.append((dict(request.headers), await request.json()))
+        return web.json_response({"data": {"call_control_id": f"v3:control-{len(self.requests)}",
+                                           "call_leg_id": "leg", "call_session_id": "session", "is_alive": False,
+                                           "record_type": "call"}})
+
+
+@contextlib.asynccontextmanager
+async def server(tmp: Path, api: str, **phone: Any) -> AsyncIterator[tuple[str, Any]]:
+    """The app on a real socket, placing calls through the double at `api`: its address and runtime."""
+    settings = Settings(
+        server=ServerConfig(api_keys=[KEY], max_sessions=2, log_caller_content="info"),  # type: ignore[list-item]
+        storage=StorageConfig(url=f"sqlite:///{tmp}/calls.db", data_dir=str(tmp)),
+        twilio=TwilioConfig(auth_token=AUTH_TOKEN, public_url=PUBLIC, account_sid=ACCOUNT,  # type: ignore[arg-type]
+                            caller_id="+15550100000", api_url=api),
+        telnyx=TelnyxConfig(stream_token="telnyx-secret", public_url=PUBLIC, api_key=TELNYX_KEY,  # type: ignore[arg-type]
+                            connection_id="1494404757140276705", caller_id="+15550100001", api_url=api),
+        phone=PhoneConfig(mark_interval_ms=200, **phone),
+    )
+    app = create_app(settings, backends=Backends(FakeVad(), FakeRecognizer([]), FakeSynthesizer(),  # type: ignore[arg-type]
+                                                 FakeLLM([])))
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    task = asyncio.create_task(uv.serve())
+    while not uv.started:
+        await asyncio.sleep(0.01)
+    await app.state.runtime.ready.wait()
+    try:
+        yield f"127.0.0.1:{uv.servers[0].sockets[0].getsockname()[1]}", app.state.runtime
+    finally:
+        uv.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+async def place(host: str, **body: Any) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=f"http://{host}", headers=HEADERS, timeout=10) as http:
+        return await http.post("/api/calls/outbound", json=body)
+
+
+async def placed(host: str, ident: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=f"http://{host}", headers=HEADERS, timeout=10) as http:
+        answer = await http.get(f"/api/calls/outbound/{ident}")
+    answer.raise_for_status()
+    found: dict[str, Any] = answer.json()
+    return found
+
+
+async def until(condition: Any, timeout: float = 10) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await condition():
+        assert asyncio.get_running_loop().time() < deadline, "the condition did not come true in time"
+        await asyncio.sleep(0.05)
+
+
+async def twilio_status(host: str, callback: str, status: str, **more: str) -> httpx.Response:
+    """Twilio's status callback: POSTed to the StatusCallback URL, signed over it and the form."""
+    form = {"CallSid": "CA" + "9" * 32, "AccountSid": ACCOUNT, "CallStatus": status, **more}
+    headers = {"X-Twilio-Signature": twilio_signature(AUTH_TOKEN, callback, form)}
+    parts = urlsplit(callback)
+    async with httpx.AsyncClient(timeout=10) as http:
+        return await http.post(f"http://{host}{parts.path}?{parts.query}", data=form, headers=headers)
+
+
+async def test_a_call_out_through_twilio_is_placed_as_documented_and_speaks_its_first_message(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="app.transports.phone.wire")
+    twilio = FakeTwilio()
+    async with served_api(twilio.app) as api, server(tmp_path, api) as (host, runtime):
+        answer = await place(host, to="+15550123456", transport="twilio", first_message=FIRST,
+                             reason="appointment reminder", instructions="You are the clinic's assistant.")
+        assert answer.status_code == 201, answer.text
+        call = answer.json()
+        assert call["status"] == "dialing" and call["transport"] == "twilio" and call["to"] != "+15550123456"
+        assert list(runtime.sessions.values()) == ["twilio"]  # its slot is taken from the moment it is placed
+        # Twilio's Calls resource: form-encoded, HTTP Basic with the account SID and auth token
+        path, headers, form = twilio.requests[0]
+        assert path == f"/2010-04-01/Accounts/{ACCOUNT}/Calls.json"
+        assert headers["Authorization"] == "Basic " + base64.b64encode(f"{ACCOUNT}:{AUTH_TOKEN}".encode()).decode()
+        assert headers["Content-Type"].startswith("application/x-www-form-urlencoded")
+        fields = dict(form)
+        assert fields["To"] == "+15550123456" and fields["From"] == "+15550100000" and fields["Timeout"] == "30"
+        assert [v for k, v in form if k == "StatusCallbackEvent"] == ["initiated", "ringing", "answered", "completed"]
+        assert fields["StatusCallbackMethod"] == "POST"
+        callback = fields["StatusCallback"]
+        assert callback == f"{PUBLIC}/twilio/status?placed={call['id']}"
+        stream, parameters = parse_twiml(fields["Twiml"])
+        assert stream == "wss://voice.example.test/twilio/media" and set(parameters) == {"placed"}
+
+        # it rings (a signed status callback; an unsigned one is refused)
+        async with httpx.AsyncClient(timeout=10) as http:
+            forged = await http.post(f"http://{host}/twilio/status?placed={call['id']}", data={"CallStatus": "busy"})
+        assert forged.status_code == 403
+        assert (await twilio_status(host, callback, "ringing")).status_code == 204
+        assert (await placed(host, call["id"]))["status"] == "ringing"
+
+        # answered: Twilio opens the stream the TwiML named, signed over its public URL
+        sim = PhoneSim(f"ws://{host}/twilio/media", auth_token=AUTH_TOKEN, signed_url=stream, parameters=parameters,
+                       call_sid=f"CA{1:032x}")  # the sid the double answered
+        await sim.connect()
+        await sim.wait_until(lambda: sim.marks and sim.marks[-1].name == "t1:1000", 15)
+        assert len(sim.received_audio()) == 8 * 1000  # the first message: 10 fake words of 0.1 s
+        status = await placed(host, call["id"])
+        assert status["status"] == "answered" and status["call_id"].startswith("twilio_")
+        assert list(runtime.sessions) == [status["call_id"]]  # the slot taken when placed, not a second one
+        # the same stream credential opens nothing a second time
+        again = PhoneSim(f"ws://{host}/twilio/media", auth_token=AUTH_TOKEN, signed_url=stream, parameters=parameters)
+        await again.connect()
+        await again.wait_until(lambda: again.closed, 10)
+        assert again.close_code == 1008 and not again.received_audio().size
+        await sim.hangup()
+        await until(lambda: _status_is(host, call["id"], "ended"))
+        assert runtime.sessions == {}
+        # the call's record: who placed it and why, its first message as heard
+        async with httpx.AsyncClient(base_url=f"http://{host}", headers=HEADERS, timeout=10) as http:
+            record = (await http.get(f"/api/calls/{status['call_id']}")).json()
+        assert record["call"]["transport"] == "twilio"
+        assert record["call"]["settings"]["placed"]["reason"] == "appointment reminder"
+        assert record["call"]["settings"]["placed"]["transport"] == "twilio"
+    # what the callee heard joined the history: the first message is the call's first turn
+    (first,) = call_records(caplog.text, sim.call_sid)
+    assert first["text"] == FIRST and first["status"] == "completed", first
+
+
+async def _status_is(host: str, ident: str, state: str) -> bool:
+    return (await placed(host, ident))["status"] == state
+
+
+async def test_twilio_refusing_or_the_callee_busy_gives_the_slot_back_with_the_reason(tmp_path: Path) -> None:
+    error = {"code": 21211, "message": "The 'To' number 123 is not a valid phone number.", "status": 400}
+    async with served_api(FakeTwilio(refuse=error).app) as api, server(tmp_path, api) as (host, runtime):
+        refused = await place(host, to="123", transport="twilio")
+        assert refused.status_code == 502 and refused.json()["error"]["code"] == "provider_refused"
+        assert "21211 The 'To' number 123 is not a valid phone number." in refused.json()["error"]["message"]
+        assert runtime.sessions == {}
+    twilio = FakeTwilio()
+    async with served_api(twilio.app) as api, server(tmp_path, api) as (host, runtime):
+        call = (await place(host, to="+15550123456", transport="twilio", first_message=FIRST)).json()
+        callback = dict(twilio.requests[0][2])["StatusCallback"]
+        assert (await twilio_status(host, callback, "busy", SipResponseCode="486")).status_code == 204
+        status = await placed(host, call["id"])
+        assert status["status"] == "failed" and status["detail"] == "busy (SIP 486)"
+        assert runtime.sessions == {}
+        # a stream that comes after all is refused: the call was given up
+        stream, parameters = parse_twiml(dict(twilio.requests[0][2])["Twiml"])
+        late = PhoneSim(f"ws://{host}/twilio/media", auth_token=AUTH_TOKEN, signed_url=stream, parameters=parameters)
+        await late.connect()
+        await late.wait_until(lambda: late.closed, 10)
+        assert late.close_code == 1008
+
+
+async def test_a_call_out_through_telnyx_is_dialled_as_documented_and_speaks_its_first_message(
+        tmp_path: Path) -> None:
+    telnyx = FakeTelnyx()
+    async with served_api(telnyx.app) as api, server(tmp_path, api) as (host, runtime):
+        answer = await place(host, to="+15550123456", transport="telnyx", first_message=FIRST, ring_timeout_s=20)
+        assert answer.status_code == 201, answer.text
+        call = answer.json()
+        headers, body = telnyx.requests[0]
+        assert headers["Authorization"] == f"Bearer {TELNYX_KEY}"
+        assert headers["Content-Type"].startswith("application/json")
+        stream = body.pop("stream_url")
+        assert body == {"connection_id": "1494404757140276705", "to": "+15550123456", "from": "+15550100001",
+                        "timeout_secs": 20, "stream_track": "inbound_track", "stream_bidirectional_mode": "rtp",
+                        "stream_bidirectional_codec": "PCMU"}
+        parts = urlsplit(stream)
+        assert f"{parts.scheme}://{parts.netloc}{parts.path}" == "wss://voice.example.test/telnyx/media"
+        assert set(parse_qs(parts.query)) == {"placed"}
+        # a made-up credential opens nothing (403 before the socket opens)
+        with pytest.raises(InvalidStatus) as refused:
+            await PhoneSim(f"ws://{host}/telnyx/media?placed={call['id']}.guess", provider="telnyx").connect()
+        assert refused.value.response.status_code == 403
+        sim = PhoneSim(f"ws://{host}{parts.path}?{parts.query}", provider="telnyx", call_sid="v3:control-1")
+        await sim.connect()
+        await sim.wait_until(lambda: sim.marks and sim.marks[-1].name == "t1:1000", 15)
+        status = await placed(host, call["id"])
+        assert status["status"] == "answered" and status["call_id"].startswith("telnyx_")
+        await sim.hangup()
+        await until(lambda: _status_is(host, call["id"], "ended"))
+        assert runtime.sessions == {}
+
+
+async def test_a_call_out_whose_stream_never_comes_is_given_up(tmp_path: Path) -> None:
+    async with served_api(FakeTelnyx().app) as api, server(tmp_path, api, answer_grace_s=0.2) as (host, runtime):
+        call = (await place(host, to="+15550123456", transport="telnyx", ring_timeout_s=5)).json()
+        assert len(runtime.sessions) == 1
+        await until(lambda: _status_is(host, call["id"], "failed"), 20)
+        assert (await placed(host, call["id"]))["detail"] == "no media stream within 5.2 s"
+        assert runtime.sessions == {}
+
+
+async def test_calls_out_say_what_is_missing_and_what_is_not_served(tmp_path: Path) -> None:
+    async with served_api(FakeTwilio().app) as api, server(tmp_path, api) as (host, _):
+        amd = await place(host, to="+15550123456", transport="twilio", answering_machine="hang_up")
+        assert amd.status_code == 501 and "SIP calls only" in amd.json()["error"]["message"]
+    settings = Settings(server=ServerConfig(api_keys=[KEY]), storage=StorageConfig(enabled=False))  # type: ignore[list-item]
+    app = create_app(settings, backends=Backends(FakeVad(), FakeRecognizer([]), FakeSynthesizer(),  # type: ignore[arg-type]
+                                                 FakeLLM([])))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1",
+                                 headers=HEADERS) as http:
+        for transport in ("twilio", "telnyx"):
+            answer = await http.post("/api/calls/outbound", json={"to": "+15550123456", "transport": transport})
+            assert answer.status_code == 409, answer.text
+            assert answer.json()["error"]["code"] == f"{transport}_not_configured"
+            assert f"{transport}.public_url" in answer.json()["error"]["message"]
