@@ -164,6 +164,10 @@ async def place_call(request: Request) -> JSONResponse:
         if slot is not None:
             slot.release()
         return _error(exc.status, exc.code, f"the call could not be placed: {exc}")
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
     record.call_id = session_id
     placed_calls(request).add(record)
     log.info("outbound %s: %s calls %s over %s (%s)", record.id, owner or "?", mask_number(order.to), order.transport,

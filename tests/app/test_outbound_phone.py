@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 import httpx
+import numpy as np
 import pytest
 import uvicorn
 from aiohttp import web
@@ -25,9 +27,11 @@ from websockets.exceptions import InvalidStatus
 from app.main import create_app
 from app.settings import PhoneConfig, ServerConfig, Settings, TelnyxConfig, TwilioConfig
 from app.store.config import StorageConfig
+from models.llm.tool_calls import ToolCall
+from pipeline.config import AsrStageConfig, EndpointingConfig, ToolsConfig
 from pipeline.session import Backends
 from tests.http_server import served as served_api
-from tests.phone_sim import PhoneSim, call_records, parse_twiml, twilio_signature
+from tests.phone_sim import PhoneSim, call_records, dial, parse_twiml, twilio_signature
 from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad
 
 KEY = "k-outbound-phone-0123456789"
@@ -48,6 +52,13 @@ class FakeTwilio:
         self.refuse = refuse
         self.app = web.Application()
         self.app.router.add_post("/2010-04-01/Accounts/{account}/Calls.json", self.create)
+        self.app.router.add_post("/2010-04-01/Accounts/{account}/Calls/{sid}.json", self.update)
+        self.updates: list[tuple[str, list[tuple[str, str]]]] = []
+
+    async def update(self, request: web.Request) -> web.Response:
+        form = parse_qsl(await request.text(), keep_blank_values=True)
+        self.updates.append((request.match_info["sid"], form))
+        return web.json_response({"sid": request.match_info["sid"], "status": "in-progress"})
 
     async def create(self, request: web.Request) -> web.Response:
         form = parse_qsl(await request.text(), keep_blank_values=True)
@@ -65,6 +76,18 @@ class FakeTelnyx:
         self.requests: list[tuple[dict[str, str], dict[str, Any]]] = []
         self.app = web.Application()
         self.app.router.add_post("/v2/calls", self.dial)
+        self.app.router.add_post("/v2/calls/{id}/actions/transfer", self.transfer)
+        self.app.router.add_post("/v2/calls/{id}/actions/hangup", self.hangup)
+        self.transfers: list[tuple[str, dict[str, Any]]] = []
+        self.hangups: list[str] = []
+
+    async def hangup(self, request: web.Request) -> web.Response:
+        self.hangups.append(request.match_info["id"])
+        return web.json_response({"data": {"result": "ok"}})
+
+    async def transfer(self, request: web.Request) -> web.Response:
+        self.transfers.append((request.match_info["id"], await request.json()))
+        return web.json_response({"data": {"result": "ok"}})
 
     async def dial(self, request: web.Request) -> web.Response:
         self.requests.append((dict(request.headers), await request.json()))
@@ -74,10 +97,15 @@ class FakeTelnyx:
 
 
 @contextlib.asynccontextmanager
-async def server(tmp: Path, api: str, **phone: Any) -> AsyncIterator[tuple[str, Any]]:
+async def server(tmp: Path, api: str, llm: FakeLLM | None = None, finals: list[str] | None = None,
+                 tools: ToolsConfig | None = None, **phone: Any) -> AsyncIterator[tuple[str, Any]]:
     """The app on a real socket, placing calls through the double at `api`: its address and runtime."""
     settings = Settings(
-        server=ServerConfig(api_keys=[KEY], max_sessions=2, log_caller_content="info"),  # type: ignore[list-item]
+        tools=tools or ToolsConfig(),
+        endpointing=EndpointingConfig(min_speech_ms=64, end_silence_ms=256, prefix_padding_ms=100),
+        asr_stage=AsrStageConfig(partials=False),
+        server=ServerConfig(api_keys=[KEY], max_sessions=2, max_calls_per_key=1,  # type: ignore[list-item]
+                            log_caller_content="info"),
         storage=StorageConfig(url=f"sqlite:///{tmp}/calls.db", data_dir=str(tmp)),
         twilio=TwilioConfig(auth_token=AUTH_TOKEN, public_url=PUBLIC, account_sid=ACCOUNT,  # type: ignore[arg-type]
                             caller_id="+15550100000", api_url=api),
@@ -85,8 +113,8 @@ async def server(tmp: Path, api: str, **phone: Any) -> AsyncIterator[tuple[str, 
                             connection_id="1494404757140276705", caller_id="+15550100001", api_url=api),
         phone=PhoneConfig(mark_interval_ms=200, **phone),
     )
-    app = create_app(settings, backends=Backends(FakeVad(), FakeRecognizer([]), FakeSynthesizer(),  # type: ignore[arg-type]
-                                                 FakeLLM([])))
+    app = create_app(settings, backends=Backends(FakeVad(), FakeRecognizer(finals or []),  # type: ignore[arg-type]
+                                                 FakeSynthesizer(), llm or FakeLLM([])))
     uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     task = asyncio.create_task(uv.serve())
     while not uv.started:
@@ -160,6 +188,12 @@ async def test_a_call_out_through_twilio_is_placed_as_documented_and_speaks_its_
         assert (await twilio_status(host, callback, "ringing")).status_code == 204
         assert (await placed(host, call["id"]))["status"] == "ringing"
 
+        # a stream with a made-up credential is refused, and the call rings on
+        forged_stream = PhoneSim(f"ws://{host}/twilio/media", auth_token=AUTH_TOKEN, signed_url=stream,
+                                 parameters={"placed": f"{call['id']}.guess"})
+        await forged_stream.connect()
+        await forged_stream.wait_until(lambda: forged_stream.closed, 10)
+        assert forged_stream.close_code == 1008 and (await placed(host, call["id"]))["status"] == "ringing"
         # answered: Twilio opens the stream the TwiML named, signed over its public URL
         sim = PhoneSim(f"ws://{host}/twilio/media", auth_token=AUTH_TOKEN, signed_url=stream, parameters=parameters,
                        call_sid=f"CA{1:032x}")  # the sid the double answered
@@ -199,6 +233,8 @@ async def test_twilio_refusing_or_the_callee_busy_gives_the_slot_back_with_the_r
         assert refused.status_code == 502 and refused.json()["error"]["code"] == "provider_refused"
         assert "21211 The 'To' number 123 is not a valid phone number." in refused.json()["error"]["message"]
         assert runtime.sessions == {}
+        again = await place(host, to="123", transport="twilio")  # the key's one call (max_calls_per_key) is free
+        assert again.status_code == 502, again.text
     twilio = FakeTwilio()
     async with served_api(twilio.app) as api, server(tmp_path, api) as (host, runtime):
         call = (await place(host, to="+15550123456", transport="twilio", first_message=FIRST)).json()
@@ -207,12 +243,26 @@ async def test_twilio_refusing_or_the_callee_busy_gives_the_slot_back_with_the_r
         status = await placed(host, call["id"])
         assert status["status"] == "failed" and status["detail"] == "busy (SIP 486)"
         assert runtime.sessions == {}
+        assert (await twilio_status(host, callback, "completed")).status_code == 204  # late: nothing changes
+        assert (await placed(host, call["id"]))["detail"] == "busy (SIP 486)"
         # a stream that comes after all is refused: the call was given up
         stream, parameters = parse_twiml(dict(twilio.requests[0][2])["Twiml"])
         late = PhoneSim(f"ws://{host}/twilio/media", auth_token=AUTH_TOKEN, signed_url=stream, parameters=parameters)
         await late.connect()
         await late.wait_until(lambda: late.closed, 10)
         assert late.close_code == 1008
+        # the key's one call is free again: the next is placed
+        assert (await place(host, to="+15550123456", transport="twilio")).status_code == 201
+
+
+async def test_a_draining_server_gives_up_the_calls_still_ringing(tmp_path: Path) -> None:
+    telnyx = FakeTelnyx()
+    async with served_api(telnyx.app) as api, server(tmp_path, api) as (host, runtime):
+        call = (await place(host, to="+15550123456", transport="telnyx", ring_timeout_s=60)).json()
+        runtime.begin_drain()
+        await until(lambda: _status_is(host, call["id"], "failed"))
+        assert (await placed(host, call["id"]))["detail"] == "server_shutdown" and runtime.sessions == {}
+        await until(lambda: _true(bool(telnyx.hangups)))
 
 
 async def test_a_call_out_through_telnyx_is_dialled_as_documented_and_speaks_its_first_message(
@@ -244,15 +294,23 @@ async def test_a_call_out_through_telnyx_is_dialled_as_documented_and_speaks_its
         await sim.hangup()
         await until(lambda: _status_is(host, call["id"], "ended"))
         assert runtime.sessions == {}
+    assert telnyx.hangups == []  # the callee hung up: nothing left to end
 
 
-async def test_a_call_out_whose_stream_never_comes_is_given_up(tmp_path: Path) -> None:
-    async with served_api(FakeTelnyx().app) as api, server(tmp_path, api, answer_grace_s=0.2) as (host, runtime):
+async def test_a_call_out_whose_stream_never_comes_is_given_up_and_hung_up(tmp_path: Path) -> None:
+    telnyx = FakeTelnyx()
+    async with served_api(telnyx.app) as api, server(tmp_path, api, answer_grace_s=0.2) as (host, runtime):
         call = (await place(host, to="+15550123456", transport="telnyx", ring_timeout_s=5)).json()
         assert len(runtime.sessions) == 1
         await until(lambda: _status_is(host, call["id"], "failed"), 20)
         assert (await placed(host, call["id"]))["detail"] == "no media stream within 5.2 s"
         assert runtime.sessions == {}
+        await until(lambda: _true(bool(telnyx.hangups)))
+    assert telnyx.hangups == ["v3:control-1"]
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def test_calls_out_say_what_is_missing_and_what_is_not_served(tmp_path: Path) -> None:
@@ -269,3 +327,41 @@ async def test_calls_out_say_what_is_missing_and_what_is_not_served(tmp_path: Pa
             assert answer.status_code == 409, answer.text
             assert answer.json()["error"]["code"] == f"{transport}_not_configured"
             assert f"{transport}.public_url" in answer.json()["error"]["message"]
+
+
+TRANSFER = ToolsConfig(transfer_targets={"front desk": "+15550100200", "billing": "sip:billing@10.0.0.20"})
+LOUD = np.full(8000 * 3 // 5, 12000, dtype=np.int16)  # 0.6 s the fake VAD takes for speech
+
+
+def transferring(target: str) -> FakeLLM:
+    return FakeLLM([[ToolCall("call_tr", "transfer_call", json.dumps({"target": target}))],
+                    "I am putting you through now."])
+
+
+async def test_a_twilio_call_is_transferred_by_updating_it_with_a_dial(tmp_path: Path) -> None:
+    twilio = FakeTwilio()
+    async with served_api(twilio.app) as api, server(tmp_path, api, transferring("front desk"),
+                                                     ["Can I talk to a person?"], TRANSFER) as (host, _):
+        sim = await dial(f"http://{host}", f"ws://{host}", PUBLIC, AUTH_TOKEN)  # a call that came in
+        await sim.say(LOUD)
+        await sim.wait_until(lambda: sim.closed, 20)
+    assert sim.close_code == 1000
+    (sid, form), = twilio.updates  # the words were heard first, then the call was given a <Dial>
+    assert sid == sim.call_sid and set(dict(form)) == {"Twiml"}
+    assert "<Dial><Number>+15550100200</Number></Dial>" in dict(form)["Twiml"]
+    assert len(sim.played_audio()) == 8 * 600  # "I am putting you through now.": 6 fake words, all played
+
+
+async def test_a_telnyx_call_is_transferred_with_the_transfer_command(tmp_path: Path) -> None:
+    telnyx = FakeTelnyx()
+    async with served_api(telnyx.app) as api, server(tmp_path, api, transferring("billing"),
+                                                     ["Billing, please."], TRANSFER) as (host, _):
+        call = (await place(host, to="+15550123456", transport="telnyx")).json()
+        parts = urlsplit(telnyx.requests[0][1]["stream_url"])
+        sim = PhoneSim(f"ws://{host}{parts.path}?{parts.query}", provider="telnyx", call_sid="v3:control-1")
+        await sim.connect()
+        await sim.say(LOUD)
+        await sim.wait_until(lambda: sim.closed, 20)
+        await until(lambda: _status_is(host, call["id"], "ended"))
+        assert (await placed(host, call["id"]))["detail"] == "transferred"
+    assert telnyx.transfers == [("v3:control-1", {"to": "sip:billing@10.0.0.20"})]

@@ -37,7 +37,7 @@ class FakeSocket:
         self.closed_with: int | None = None
         self.close_reason: str | None = None
         self.application_state = WebSocketState.CONNECTED
-        self.query_params: dict[str, str] = {}
+        self.query_params: dict[str, str] = {}  # (a phone call placed out names itself in the query)
 
     async def receive(self) -> dict[str, Any]:
         return await self.inbox.get()

@@ -1,4 +1,5 @@
-"""Calls placed out through Twilio's and Telnyx's REST APIs (docs/phone.md#calls-out).
+"""Calls placed out through Twilio's and Telnyx's REST APIs (docs/phone.md#calls-out), and phone
+calls handed on through them (docs/phone.md#transfers).
 
 Twilio: `POST {twilio.api_url}/2010-04-01/Accounts/{twilio.account_sid}/Calls.json`, form-encoded,
 HTTP Basic with the account SID and auth token: `To`, `From` (twilio.caller_id), `Twiml` (a
@@ -15,7 +16,9 @@ on (app/transports/phone/wire.py). The stream names the call it is for by a cred
 stream while the call rings: it stands for the one-use nonce or token of a call that came in,
 which could expire during a long ring. The call's slot (server.max_sessions) is taken when it is
 placed, so a callee who answers is never refused for a full server. A call whose stream has not
-started `phone.answer_grace_s` after its ring timeout is given up, and its slot given back.
+started `phone.answer_grace_s` after its ring timeout, or that still rings when the server drains,
+is given up, its slot given back and the provider's call cancelled. A Telnyx call placed here is
+hung up through the API when its stream ends (Twilio's ends with its <Connect>).
 
 This replica keeps what it placed: with several replicas behind a balancer, the stream must reach
 the replica that placed the call (docs/phone.md says how), or it is refused.
@@ -29,10 +32,11 @@ import hmac
 import logging
 import secrets
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import httpx
 
@@ -43,6 +47,7 @@ from app.transports.phone import telnyx, twilio
 from app.transports.phone.wire import PLACED
 
 log = logging.getLogger(__name__)
+ENDED_KEPT = 1000  # ended calls remembered, so that a late status callback is known for one
 TWILIO_EVENTS = ("initiated", "ringing", "answered", "completed")
 # Twilio's CallStatus values that end a call before it was answered (`completed` too: answered and
 # hung up before the stream started)
@@ -86,6 +91,7 @@ class PhoneDialer:
         self.runtime = runtime
         self.lines: dict[str, PlacedLine] = {}  # by id, from placing until the call ends
         self.http: httpx.AsyncClient | None = None  # the providers' APIs (made with the first call placed)
+        self.ended: OrderedDict[str, None] = OrderedDict()  # the ids of the last calls that ended
 
     def unready(self, transport: str) -> str | None:
         """What is missing for calls out over `transport`, or None."""
@@ -116,56 +122,71 @@ class PhoneDialer:
                           f"{transport}_{uuid.uuid4().hex[:16]}", first_message, instructions, placed, on_state)
         runtime.open_session(line.session_id, transport)
         self.lines[line.id] = line
-        http = self.http = self.http or httpx.AsyncClient(follow_redirects=False)
         try:
             if transport == "twilio":
-                line.provider_id = await self._twilio(line, to, ring_timeout_s, http)
+                line.provider_id = await self._twilio(line, to, ring_timeout_s)
             else:
-                line.provider_id = await self._telnyx(line, to, ring_timeout_s, http)
-        except BaseException:
-            self._drop(line)
-            raise
+                line.provider_id = await self._telnyx(line, to, ring_timeout_s)
+        except BaseException as exc:
+            if not line.answered:
+                self._drop(line)
+                raise
+            if not isinstance(exc, DialError):
+                raise
+            # its stream started while the request was out: the provider placed it after all
+            log.warning("%s: the call was answered, though %s's API answered: %s", line.id, transport, exc)
+            return line
         log.info("%s: %s placed the call to %s (%s)", line.id, transport, mask_number(to), line.provider_id)
         line.watch = asyncio.create_task(self._watch(line, ring_timeout_s + runtime.settings.phone.answer_grace_s))
         return line
 
-    async def _twilio(self, line: PlacedLine, to: str, ring_timeout_s: float, http: httpx.AsyncClient) -> str:
+    async def _twilio(self, line: PlacedLine, to: str, ring_timeout_s: float) -> str:
         config = self.runtime.settings.twilio
-        url = f"{config.api_url}/2010-04-01/Accounts/{config.account_sid}/Calls.json"
         form: list[tuple[str, str]] = [
             ("To", to), ("From", config.caller_id),
             ("Twiml", twilio.twiml(twilio.stream_url(config.public_url), {PLACED: line.credential})),
             ("Timeout", str(round(ring_timeout_s))),
             ("StatusCallback", f"{config.public_url}{twilio.STATUS_PATH}?{PLACED}={line.id}"),
             ("StatusCallbackMethod", "POST"),
-            *(("StatusCallbackEvent", event) for event in TWILIO_EVENTS),
+            *(("StatusCallbackEvent", event) for event in TWILIO_EVENTS),  # the one field that repeats
         ]
-        body = await self._post(http, "twilio", url, content=urlencode(form),  # StatusCallbackEvent repeats
-                                headers={"Content-Type": "application/x-www-form-urlencoded"},
-                                auth=(config.account_sid, config.auth_token.get_secret_value()))
+        body = await self._to_twilio("Calls.json", form)
         sid = body.get("sid")
         if not isinstance(sid, str) or not sid:
             raise DialError(502, "provider_error", f"twilio answered without a call sid: {str(body)[:200]}")
         return sid
 
-    async def _telnyx(self, line: PlacedLine, to: str, ring_timeout_s: float, http: httpx.AsyncClient) -> str:
+    async def _telnyx(self, line: PlacedLine, to: str, ring_timeout_s: float) -> str:
         config = self.runtime.settings.telnyx
         stream = telnyx.stream_url(config.public_url, "").partition("?")[0] + f"?{PLACED}={line.credential}"
-        payload = {"connection_id": config.connection_id, "to": to, "from": config.caller_id,
-                   "timeout_secs": round(ring_timeout_s), "stream_url": stream, "stream_track": "inbound_track",
-                   "stream_bidirectional_mode": "rtp", "stream_bidirectional_codec": "PCMU"}
-        body = await self._post(http, "telnyx", f"{config.api_url}/v2/calls", json=payload,
-                                headers={"Authorization": f"Bearer {config.api_key.get_secret_value()}"})
+        body = await self._to_telnyx("calls", {
+            "connection_id": config.connection_id, "to": to, "from": config.caller_id,
+            "timeout_secs": round(ring_timeout_s), "stream_url": stream, "stream_track": "inbound_track",
+            "stream_bidirectional_mode": "rtp", "stream_bidirectional_codec": "PCMU"})
         data = body.get("data")
         call_id = data.get("call_control_id") if isinstance(data, dict) else None
         if not isinstance(call_id, str) or not call_id:
             raise DialError(502, "provider_error", f"telnyx answered without a call_control_id: {str(body)[:200]}")
         return call_id
 
-    async def _post(self, http: httpx.AsyncClient, provider: str, url: str, **request: Any) -> dict[str, Any]:
+    async def _to_twilio(self, path: str, form: list[tuple[str, str]]) -> dict[str, Any]:
+        """POST to the account's resource `path`: form-encoded, HTTP Basic with the SID and auth token."""
+        config = self.runtime.settings.twilio
+        return await self._post("twilio", f"{config.api_url}/2010-04-01/Accounts/{config.account_sid}/{path}",
+                                content=urlencode(form), headers={"Content-Type": "application/x-www-form-urlencoded"},
+                                auth=(config.account_sid, config.auth_token.get_secret_value()))
+
+    async def _to_telnyx(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST JSON to /v2/`path` with the API key."""
+        config = self.runtime.settings.telnyx
+        return await self._post("telnyx", f"{config.api_url}/v2/{path}", json=payload,
+                                headers={"Authorization": f"Bearer {config.api_key.get_secret_value()}"})
+
+    async def _post(self, provider: str, url: str, **request: Any) -> dict[str, Any]:
+        self.http = self.http or httpx.AsyncClient(follow_redirects=False)
         timeout = self.runtime.settings.phone.api_timeout_s
         try:
-            response = await http.post(url, timeout=timeout, **request)
+            response = await self.http.post(url, timeout=timeout, **request)
         except httpx.HTTPError as exc:
             raise DialError(502, "provider_unreachable",
                             f"{provider}'s API at {url.split('/')[2]} did not answer ({type(exc).__name__}: {exc}); "
@@ -177,16 +198,32 @@ class PhoneDialer:
         if not isinstance(body, dict):
             body = {}
         if response.status_code >= 400:
-            raise DialError(502, "provider_refused", f"{provider} refused the call: HTTP {response.status_code}: "
+            raise DialError(502, "provider_refused", f"{provider} refused the request: HTTP {response.status_code}: "
                             f"{_provider_error(body) or response.text[:200]}")
         return body
+
+    # -- transfers ----------------------------------------------------------------------------------
+    def can_transfer(self, provider: str) -> bool:
+        """Whether calls on `provider` can be handed on (its REST API's credentials are set)."""
+        if provider == "twilio":
+            config = self.runtime.settings.twilio
+            return bool(config.account_sid and config.auth_token.get_secret_value())
+        return bool(self.runtime.settings.telnyx.api_key.get_secret_value())
+
+    async def transfer(self, provider: str, call_id: str, destination: str) -> None:
+        """Hand a call on (a cold transfer): Twilio's call is given new TwiML that dials `destination`
+        (its media stream ends with that); Telnyx's `transfer` command. DialError if refused."""
+        if provider == "twilio":
+            await self._to_twilio(f"Calls/{quote(call_id, safe='')}.json", [("Twiml", twilio.dial_twiml(destination))])
+        else:
+            await self._to_telnyx(f"calls/{quote(call_id, safe='')}/actions/transfer", {"to": destination})
 
     # -- the stream ---------------------------------------------------------------------------------
     def waiting(self, credential: str | None) -> PlacedLine | None:
         """The ringing call this stream credential was made for (it stays waiting), or None."""
         ident, _, secret = (credential or "").partition(".")
         line = self.lines.get(ident)
-        if line is None or line.answered or line.done or not hmac.compare_digest(secret, line.secret):
+        if line is None or line.answered or line.done or not hmac.compare_digest(secret.encode(), line.secret.encode()):
             return None
         return line
 
@@ -201,18 +238,28 @@ class PhoneDialer:
         line.on_state("answered", "")
         return line
 
-    def finish(self, line: PlacedLine, reason: str) -> None:
-        """The call's stream has ended (its slot went back with the call)."""
-        if not line.done:
-            line.done = True
-            self.lines.pop(line.id, None)
-            line.on_state("ended", reason)
+    async def finish(self, line: PlacedLine, reason: str) -> None:
+        """The call's stream has ended (its slot went back with the call): the provider's leg is
+        hung up (unless the call was handed on), and the call is reported ended."""
+        if line.done:
+            return
+        line.done = True
+        self.lines.pop(line.id, None)
+        self._ended(line.id)
+        line.on_state("ended", reason)
+        if reason not in ("transferred", "hangup"):
+            await self._hang_up(line)
+
+    def _ended(self, ident: str) -> None:
+        self.ended[ident] = None
+        while len(self.ended) > ENDED_KEPT:
+            self.ended.popitem(last=False)
 
     def status(self, ident: str, call_status: str, detail: str) -> bool:
         """Twilio's status callback; False for a call this replica does not know."""
         line = self.lines.get(ident)
         if line is None:
-            return False
+            return ident in self.ended  # Twilio's `completed` comes after the stream's end
         if line.answered or line.done:
             return True  # the stream tells the rest
         if call_status == "ringing":
@@ -222,15 +269,45 @@ class PhoneDialer:
         return True
 
     async def _watch(self, line: PlacedLine, wait_s: float) -> None:
-        await asyncio.sleep(wait_s)
-        if not line.answered and not line.done:
+        """Give the call up when its stream has not started in `wait_s`, or the server drains (a
+        draining server refuses the stream: the callee would answer into a closed line)."""
+        draining = asyncio.ensure_future(self.runtime.draining.wait())
+        try:
+            await asyncio.wait_for(asyncio.shield(draining), wait_s)
+        except TimeoutError:
+            pass
+        finally:
+            draining.cancel()
+        if line.answered or line.done:
+            return
+        if self.runtime.draining.is_set():
+            log.info("%s: the server drains; the call placed out is cancelled", line.id)
+            self._fail(line, "server_shutdown")
+        else:
             log.warning("%s: no media stream from %s %.0f s after the call was placed: given up (not answered, or "
                         "%s could not reach %s.public_url)", line.id, line.transport, wait_s, line.transport,
                         line.transport)
             self._fail(line, f"no media stream within {wait_s:g} s")
+        await self._hang_up(line)
+
+    async def _hang_up(self, line: PlacedLine) -> None:
+        """Best effort: the provider ends its leg of a call given up (still ringing) or whose stream
+        ended. Twilio ends a call whose <Connect><Stream> ends by itself; a Telnyx call streams
+        beside its call control, which must hang it up."""
+        if not line.provider_id or (line.transport == "twilio" and line.answered):
+            return
+        ident = quote(line.provider_id, safe="")
+        try:
+            if line.transport == "twilio":
+                await self._to_twilio(f"Calls/{ident}.json", [("Status", "canceled")])
+            else:
+                await self._to_telnyx(f"calls/{ident}/actions/hangup", {})
+        except DialError as exc:
+            log.warning("%s: could not hang up its %s leg: %s", line.id, line.transport, exc)
 
     def _fail(self, line: PlacedLine, detail: str) -> None:
         self._drop(line)
+        self._ended(line.id)
         line.done = True
         line.on_state("failed", detail)
 

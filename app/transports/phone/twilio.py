@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import Response
 from twilio.request_validator import SIGNATURE_SETTINGS_HEADER, RequestValidator, get_signature_algorithm
-from twilio.twiml.voice_response import Connect, VoiceResponse
+from twilio.twiml.voice_response import Connect, Dial, VoiceResponse
 
 from app.redact import mask_number
 from app.runtime import Runtime
@@ -57,6 +57,18 @@ def twiml(url: str, parameters: Mapping[str, str]) -> str:
     for name, value in parameters.items():
         stream.parameter(name=name, value=value)
     response.append(connect)
+    return str(response)
+
+
+def dial_twiml(destination: str) -> str:
+    """<Response><Dial>...</Dial></Response>: hand the call to a number, or to a SIP URI (<Sip>)."""
+    response = VoiceResponse()
+    dial = Dial()
+    if destination.startswith(("sip:", "sips:")):
+        dial.sip(destination)
+    else:
+        dial.number(destination)
+    response.append(dial)
     return str(response)
 
 

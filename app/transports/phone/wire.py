@@ -29,7 +29,7 @@ from fastapi import WebSocket
 
 from app.call_log import turn_json
 from app.metrics import Metrics
-from app.redact import mask_parameters
+from app.redact import mask_number, mask_parameters
 from app.runtime import Runtime
 from app.settings import PhoneConfig
 from app.transports.call import CLOSE_NORMAL, CLOSE_POLICY, Call, Message, SocketWriter
@@ -141,9 +141,10 @@ class PhoneWire:
     """A provider's frames to the call: `start` admits it, `media` is the caller's audio, `mark`
     echoes are playback reports, `dtmf` keys go to the session, `stop` ends the call."""
 
-    def __init__(self, call: Call, provider: Provider) -> None:
+    def __init__(self, call: Call, provider: Provider, dialer: PhoneDialer | None = None) -> None:
         self.call = call
         self.provider = provider
+        self.dialer = dialer  # calls placed out, and transfers (None: neither)
         self.phone = call.runtime.settings.phone
         self.outbound = PhoneOutbound(call.writer, provider, self.phone, call.runtime.metrics)
         self.placed: PlacedLine | None = None  # a call the service placed (app/transports/phone/dial.py)
@@ -231,6 +232,7 @@ class PhoneWire:
             call.end_reason = "refused"
             return await call.close(refused.close_code)
         caller = start.parameters.get("From") or start.parameters.get("from")
+        self._offer_transfer(start.call_id)
         # the server's own tools (tools.file): a phone call has no client that could run any
         call.start_session(self.outbound, input_rate=SAMPLE_RATE, output_rate=SAMPLE_RATE,
                            toolbox=runtime.toolbox(), caller=caller)
@@ -241,7 +243,7 @@ class PhoneWire:
         """The stream of a call the service placed: its slot was taken when it was placed; it runs
         with the call's instructions and record, and says its first message at once."""
         call = self.call
-        line = dialer(call.websocket).claim(credential, self.provider.name)
+        line = self.dialer.claim(credential, self.provider.name) if self.dialer is not None else None
         if line is None:
             await call.tell("unknown_call", "the stream names a call this replica did not place, or one already "
                             "answered or given up")
@@ -249,12 +251,35 @@ class PhoneWire:
             return await call.close(CLOSE_POLICY)
         self.placed = line
         call.session_id = line.session_id
+        self._offer_transfer(start.call_id)
         session = call.start_session(self.outbound, input_rate=SAMPLE_RATE, output_rate=SAMPLE_RATE,
                                      toolbox=call.runtime.toolbox(), placed=line.placed,
                                      system_prompt=line.instructions)
         log.info("%s: the call placed out as %s is answered (stream %s)", self.label, line.id, start.stream_id)
         if line.first_message:
             await session.say(line.first_message)
+
+    def _offer_transfer(self, call_id: str) -> None:
+        """Where the provider's REST API is set up, the call can be handed on (transfer_call)."""
+        if call_id and self.dialer is not None and self.dialer.can_transfer(self.provider.name):
+            self.call.transfer_line = lambda destination: self._transfer(call_id, destination)
+
+    async def _transfer(self, call_id: str, destination: str) -> None:
+        """A cold transfer through the provider's REST API, then this stream ends. A refused
+        transfer ends the call too (the session has stopped): logged, counted, in the record."""
+        from app.transports.phone.dial import DialError  # (dial.py imports this module)
+
+        call = self.call
+        log.info("%s: transferring the call to %s through %s's API", self.label, mask_number(destination),
+                 self.provider.name)
+        assert self.dialer is not None
+        try:
+            await self.dialer.transfer(self.provider.name, call_id, destination)
+        except DialError as exc:
+            call.runtime.metrics.error("transfer_failed")
+            log.warning("%s: the transfer failed, and the call ends: %s", self.label, exc)
+            call.end_reason = "transfer_failed"
+        await call.close(CLOSE_NORMAL)
 
     async def _nonce_ok(self, start: CallStart) -> bool:
         runtime = self.call.runtime
@@ -281,9 +306,9 @@ class PhoneWire:
             self.call.session.on_played(*played)
 
 
-def phone_call(websocket: WebSocket, runtime: Runtime, provider: Provider) -> Call:
+def phone_call(websocket: WebSocket, runtime: Runtime, provider: Provider, dialer: PhoneDialer | None = None) -> Call:
     """A call on a provider's media stream (not yet admitted: it takes its slot at `start`)."""
-    return Call(websocket, runtime, provider.name, lambda call: PhoneWire(call, provider))
+    return Call(websocket, runtime, provider.name, lambda call: PhoneWire(call, provider, dialer))
 
 
 async def deny(websocket: WebSocket) -> None:
@@ -296,16 +321,11 @@ async def deny(websocket: WebSocket) -> None:
 async def serve_call(websocket: WebSocket, provider: Provider) -> None:
     """Run one call on an authenticated provider socket. The call takes its slot at `start`
     (PhoneWire.start_call); a socket that sends none within server.start_timeout_s is closed."""
-    call = phone_call(websocket, websocket.app.state.runtime, provider)
+    dialer: PhoneDialer = websocket.app.state.phone_dialer  # made with the app (app/main.py)
+    call = phone_call(websocket, websocket.app.state.runtime, provider, dialer)
     try:
         await call.serve(take_slot=False)
     finally:
         wire = call.wire
         if isinstance(wire, PhoneWire) and wire.placed is not None:
-            dialer(websocket).finish(wire.placed, call.end_reason)
-
-
-def dialer(websocket: WebSocket) -> PhoneDialer:
-    """The app's calls placed out (app/main.py makes it)."""
-    placed: PhoneDialer = websocket.app.state.phone_dialer
-    return placed
+            await dialer.finish(wire.placed, call.end_reason)
