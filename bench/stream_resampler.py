@@ -12,8 +12,9 @@ service's recognizer (whisper-tiny.en int8).
 
 With --draws N each phone-line turn is also transcribed N more times, dithered anew (one 16-bit step, as sox
 dithers): whisper-tiny.en flips some transcripts on so small a difference, and the pass band's edge decides how
-often ("How many days are there in a week?" through espeak-ng at 8 kHz: "days" heard as "day" 26 times in 30
-with the pass band ending at 0.85, 1 in 30 through soxr-HQ). Choose the pass band on --split tune, report on held.
+often ("How many days are there in a week?" through espeak-ng at 8 kHz, cut where the server cut it: "days"
+heard as "day" 5 times in 16 with the pass band ending at 0.85, 0 in 16 through soxr-HQ; cut 0.4 s later, 26 in
+30 and 1 in 30). Choose the pass band on --split tune, report on held.
 """
 
 from __future__ import annotations

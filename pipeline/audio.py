@@ -91,8 +91,8 @@ class StreamResampler:
         self.per_phase = -(-taps // self.up)  # input samples each output sample weighs
         padded = np.zeros(self.per_phase * self.up)
         padded[:taps] = h
-        self.phases = padded.reshape(self.per_phase, self.up).T  # [phase, j] = h[phase + j * up]
-        self._weights = self.phases[:, ::-1].copy()  # [phase, j]: the weight of the j-th oldest input an output weighs
+        phases = padded.reshape(self.per_phase, self.up).T  # [phase, j] = h[phase + j * up]
+        self._weights = phases[:, ::-1].copy()  # [phase, j]: the weight of the j-th oldest input an output weighs
         self._history = np.zeros(self.per_phase, dtype=np.float64)  # silence before the stream
         self._first = -self.per_phase  # the stream index of _history[0]
         self._in = 0  # input samples taken
