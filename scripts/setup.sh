@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 mode=${1:-serve}
 packages=(espeak-ng sox libspeexdsp1 cmake ninja-build build-essential)
 if [ "$mode" = "--test" ]; then
-  packages+=(chromium chromium-driver prometheus flite sip-tester baresip-core redis-server postgresql haproxy docker.io mmdebstrap)
+  packages+=(chromium chromium-driver prometheus flite sip-tester baresip-core kamailio redis-server postgresql haproxy docker.io mmdebstrap)
 fi
 
 missing=()
@@ -24,6 +24,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" -ne 0 ] && sudo=sudo
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  if [[ " ${missing[*]} " == *" kamailio "* ]] && command -v systemctl >/dev/null && systemctl is-active -q kamailio; then
+    echo "==> stopping the kamailio service Debian started (the tests run their own; it would hold port 5060)"
+    $sudo systemctl disable --now kamailio
+  fi
 fi
 
 python=${PYTHON:-python3}

@@ -6,10 +6,12 @@ this project's code."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import subprocess
 import wave
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +21,10 @@ PCAP_DIR = Path("/usr/share/sip-tester")  # SIPp's G.711 A-law and RFC 4733 key 
 
 
 def need(tool: str) -> str:
-    path = shutil.which(tool)
+    path = shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/sbin")
     if path is None:
-        raise RuntimeError(f"{tool} is missing: run scripts/setup.sh --test (Debian's baresip-core, sip-tester)")
+        raise RuntimeError(f"{tool} is missing: run scripts/setup.sh --test (Debian's baresip-core, sip-tester, "
+                           f"kamailio)")
     return path
 
 
@@ -137,10 +140,10 @@ class Baresip:
 
 
 async def sipp(target: str, scenario: str, *, calls: int = 1, limit: int = 1, rate: int = 10, hold_ms: int = 3000,
-               folder: Path, service: str = "agent", timeout: float = 120) -> tuple[int, str]:
+               folder: Path, service: str = "agent", timeout: float = 120, tcp: bool = False) -> tuple[int, str]:
     """Run SIPp's built-in `scenario` (uac, uac_pcap) against `target` (host:port): `calls` calls,
-    `limit` at once, `rate` new ones a second. Returns (exit status, its output): 0 when every call
-    succeeded."""
+    `limit` at once, `rate` new ones a second, over UDP (or one TCP connection: `tcp`). Returns (exit
+    status, its output): 0 when every call succeeded."""
     folder.mkdir(parents=True, exist_ok=True)
     pcap = folder / "pcap"
     pcap.mkdir(exist_ok=True)
@@ -149,7 +152,7 @@ async def sipp(target: str, scenario: str, *, calls: int = 1, limit: int = 1, ra
             shutil.copy(recording, pcap / recording.name)
     command = [need("sipp"), "-sn", scenario, target, "-m", str(calls), "-l", str(limit), "-r", str(rate),
                "-d", str(hold_ms), "-s", service, "-i", "127.0.0.1", "-p", str(free_udp_port()), "-nostdin",
-               "-trace_err", "-timeout", str(int(timeout)), "-timeout_error"]
+               "-trace_err", "-timeout", str(int(timeout)), "-timeout_error", *(["-t", "t1"] if tcp else [])]
     proc = await asyncio.create_subprocess_exec(*command, cwd=folder, stdout=subprocess.PIPE,
                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
@@ -159,3 +162,39 @@ async def sipp(target: str, scenario: str, *, calls: int = 1, limit: int = 1, ra
         out, _ = await proc.communicate()
     errors = "\n".join(p.read_text(errors="replace")[-2000:] for p in folder.glob("*errors.log"))
     return proc.returncode or 0, out.decode(errors="replace")[-3000:] + errors
+
+
+@contextlib.asynccontextmanager
+async def kamailio_edge(folder: Path, service_port: int) -> AsyncIterator[int]:
+    """Debian's Kamailio with the project's edge configuration (deploy/kamailio/edge.cfg), relaying
+    calls that reach it over UDP or TCP to the service on `service_port` (UDP). Yields its port."""
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_udp_port()
+    config = Path(__file__).resolve().parents[1] / "deploy" / "kamailio" / "edge.cfg"
+    log = (folder / "kamailio.log").open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        need("kamailio"), "-DD", "-E", "-f", str(config), "-Y", str(folder), "-P", str(folder / "kamailio.pid"),
+        "-A", "EDGE_ADDRESS=127.0.0.1", "-A", f"EDGE_PORT={port}", "-A", f'SERVICE_URI="sip:127.0.0.1:{service_port}"',
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = asyncio.get_running_loop().time() + 20
+        while True:  # up once it takes TCP connections
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                if proc.returncode is not None or asyncio.get_running_loop().time() > deadline:
+                    said = (folder / "kamailio.log").read_text()[-2000:]
+                    raise RuntimeError(f"kamailio did not start: {said}") from None
+                await asyncio.sleep(0.1)
+        yield port
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        log.close()

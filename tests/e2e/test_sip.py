@@ -21,7 +21,7 @@ from models.speech.asr_faster_whisper import FasterWhisperRecognizer
 from pipeline.audio import resample
 from tests.e2e.conftest import Server, start_server, stop_server
 from tests.phone_sim import call_records
-from tests.sip_phone import Baresip, Heard, free_udp_port, sipp, write_wav
+from tests.sip_phone import Baresip, Heard, free_udp_port, kamailio_edge, sipp, write_wav
 from tests.speech import flite_samples, words
 
 pytestmark = pytest.mark.slow
@@ -174,6 +174,23 @@ async def test_a_trunk_call_in_a_law_with_keypad_events_reaches_the_session(
     log = server.log()
     assert re.search(rf"{call_id}: connected \(PCMA,", log), log[-3000:]
     assert re.search(rf"{call_id}: key pressed: 1", log), log[-3000:]  # SIPp's RFC 4733 recording is key 1
+
+
+async def test_a_trunk_call_over_tcp_through_the_kamailio_edge_is_answered_with_its_media(
+        sip_server: tuple[Server, int], tmp_path: Path) -> None:
+    """SIP over TCP (docs/sip.md): the trunk reaches Kamailio (deploy/kamailio/edge.cfg) over TCP, which
+    relays the INVITE, ACK and BYE to the service over UDP; the RTP goes straight to the service."""
+    server, port = sip_server
+    before = calls_in_log(server)
+    async with kamailio_edge(tmp_path / "kamailio", port) as edge:
+        status, output = await sipp(f"127.0.0.1:{edge}", "uac_pcap", folder=tmp_path / "sipp", hold_ms=1000, tcp=True)
+    assert status == 0, output + (tmp_path / "kamailio" / "kamailio.log").read_text()[-3000:]
+    (call_id,) = [c for c in calls_in_log(server) if c not in before]
+    log = server.log()
+    assert re.search(rf"{call_id}: connected \(PCMA,", log), log[-3000:]
+    assert re.search(rf"{call_id}: key pressed: 1", log), log[-3000:]  # the call's RTP reached the session
+    assert re.search(r"INVITE from tcp:127\.0\.0\.1:\d+ to sip:\S+ via sip:127\.0\.0\.1:" + str(port),
+                     (tmp_path / "kamailio" / "kamailio.log").read_text())  # it came over TCP
 
 
 async def test_a_caller_from_an_untrusted_address_must_authenticate(
