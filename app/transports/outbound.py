@@ -30,6 +30,7 @@ from app.security.guard import CLIENT_KEY, OUTBOUND_CALLS_PATH, TAKE_CALL_SLOT
 from app.store import utc_now
 from app.transports.answering_machine import Verdict
 from app.transports.phone.dial import DialError, PhoneDialer
+from app.transports.screen import Screen
 from app.transports.sip.calls import SipCalls
 
 log = logging.getLogger(__name__)
@@ -121,9 +122,6 @@ async def place_call(request: Request) -> JSONResponse:
         missing = dialer.unready(order.transport)
         if missing is not None:
             return _error(409, f"{order.transport}_not_configured", missing)
-        if order.answering_machine != "off":
-            return _error(501, "not_supported", f"answering-machine detection is served on SIP calls only, not over "
-                          f"{order.transport}")
     take = request.scope.get(TAKE_CALL_SLOT)
     slot = await take() if take is not None else None
     if take is not None and slot is None:
@@ -152,9 +150,13 @@ async def place_call(request: Request) -> JSONResponse:
                                          machine=order.answering_machine, voicemail_message=order.voicemail_message,
                                          on_verdict=on_verdict)
         else:
+            screen = None
+            if order.answering_machine != "off":
+                screen = Screen(runtime.backends, runtime.settings.machine_detection, order.answering_machine,
+                                order.voicemail_message, on_verdict)
             line = await dialer.place(order.transport, order.to, first_message=order.first_message,
                                       instructions=order.instructions, placed=placed, on_state=on_state,
-                                      ring_timeout_s=order.ring_timeout_s)
+                                      ring_timeout_s=order.ring_timeout_s, screen=screen)
             session_id = line.session_id
     except (ValueError, OSError) as exc:
         if slot is not None:

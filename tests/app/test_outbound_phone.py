@@ -41,6 +41,7 @@ AUTH_TOKEN = "twilio-auth-token"
 ACCOUNT = "AC" + "1" * 32
 TELNYX_KEY = "KEY0123456789"
 FIRST = "Hello, this is the clinic calling about your appointment tomorrow."  # 10 words: 1 s of fake speech
+VOICEMAIL = "Please call the clinic back."  # 5 words
 
 
 class FakeTwilio:
@@ -313,10 +314,29 @@ async def _true(value: bool) -> bool:
     return value
 
 
-async def test_calls_out_say_what_is_missing_and_what_is_not_served(tmp_path: Path) -> None:
-    async with served_api(FakeTwilio().app) as api, server(tmp_path, api) as (host, _):
-        amd = await place(host, to="+15550123456", transport="twilio", answering_machine="hang_up")
-        assert amd.status_code == 501 and "SIP calls only" in amd.json()["error"]["message"]
+async def test_a_machine_that_answers_a_twilio_call_gets_the_message_after_its_beep(tmp_path: Path) -> None:
+    """The callee's greeting goes to the answering-machine detector, not to the session: a long
+    greeting (the fake VAD hears the loud stretch as speech) is a machine; once its beep is over the
+    voicemail message is said, and the call hung up once it has played."""
+    twilio = FakeTwilio()
+    async with served_api(twilio.app) as api, server(tmp_path, api) as (host, _):
+        call = (await place(host, to="+15550123456", transport="twilio", first_message=FIRST,
+                            answering_machine="leave_message", voicemail_message=VOICEMAIL)).json()
+        stream, parameters = parse_twiml(dict(twilio.requests[0][2])["Twiml"])
+        sim = PhoneSim(f"ws://{host}/twilio/media", auth_token=AUTH_TOKEN, signed_url=stream, parameters=parameters)
+        await sim.connect()
+        greeting = np.full(8000 * 3, 12000, dtype=np.int16)  # 3 s of "speech"
+        beep = (8000 * np.sin(2 * np.pi * 1000 * np.arange(4000) / 8000)).astype(np.int16)
+        beeped = await sim.say(np.concatenate([greeting, np.zeros(2000, np.int16), beep]))
+        await sim.wait_until(lambda: sim.closed, 20)
+        status = await placed(host, call["id"])
+    assert status["answered_by"] == "machine" and status["status"] == "ended", status
+    assert status["detail"] == "voicemail_left"
+    assert sim.first_media_after(0) is not None and sim.first_media_after(0) > beeped  # not before the beep ended
+    assert len(sim.played_audio()) == 8 * 500  # the message (5 fake words), all played, and not the first message
+
+
+async def test_calls_out_say_what_is_missing(tmp_path: Path) -> None:
     settings = Settings(server=ServerConfig(api_keys=[KEY]), storage=StorageConfig(enabled=False))  # type: ignore[list-item]
     app = create_app(settings, backends=Backends(FakeVad(), FakeRecognizer([]), FakeSynthesizer(),  # type: ignore[arg-type]
                                                  FakeLLM([])))

@@ -45,6 +45,7 @@ from app.redact import mask_number
 from app.runtime import Runtime
 from app.transports.phone import telnyx, twilio
 from app.transports.phone.wire import PLACED
+from app.transports.screen import Screen
 
 log = logging.getLogger(__name__)
 ENDED_KEPT = 1000  # ended calls remembered, so that a late status callback is known for one
@@ -74,6 +75,7 @@ class PlacedLine:
     instructions: str | None
     placed: dict[str, Any]  # the record's `settings.placed`
     on_state: Callable[[str, str], None]
+    screen: Screen | None = None  # answering-machine detection before the first word (None: off)
     provider_id: str = ""  # Twilio's CallSid, Telnyx's call_control_id
     answered: bool = False
     done: bool = False
@@ -111,7 +113,7 @@ class PhoneDialer:
 
     async def place(self, transport: str, to: str, *, first_message: str | None, instructions: str | None,
                     placed: dict[str, Any], on_state: Callable[[str, str], None], ring_timeout_s: float,
-                    ) -> PlacedLine:
+                    screen: Screen | None = None) -> PlacedLine:
         """Take a call slot, ask the provider to ring `to`, and wait for the stream (a task). DialError
         when the server is full, or the provider refuses or cannot be reached (the slot is given back)."""
         runtime = self.runtime
@@ -119,7 +121,8 @@ class PhoneDialer:
         if refused is not None:
             raise DialError(503, refused.code, refused.message)
         line = PlacedLine(str(placed["id"]), secrets.token_urlsafe(24), transport,
-                          f"{transport}_{uuid.uuid4().hex[:16]}", first_message, instructions, placed, on_state)
+                          f"{transport}_{uuid.uuid4().hex[:16]}", first_message, instructions, placed, on_state,
+                          screen)
         runtime.open_session(line.session_id, transport)
         self.lines[line.id] = line
         try:

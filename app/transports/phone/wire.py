@@ -21,6 +21,7 @@ of them close it (1008, with the reason).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -88,6 +89,7 @@ class PhoneOutbound:
         self.turn_sent = 0
         self.counted_turn: int | None = None
         self.turn_marked = 0  # its samples sent before the last mark
+        self.last_mark = ""  # the name of the last mark sent
 
     async def send_frame(self, frame: dict[str, Any]) -> None:
         await self.writer.text(json.dumps(frame))
@@ -107,8 +109,8 @@ class PhoneOutbound:
     async def _mark(self) -> None:
         assert self.turn_id is not None
         self.turn_marked = self.turn_sent
-        await self.send_frame(self.provider.mark(self.stream_id, mark_name(self.turn_id,
-                                                                          self.turn_sent * 1000 // SAMPLE_RATE)))
+        self.last_mark = mark_name(self.turn_id, self.turn_sent * 1000 // SAMPLE_RATE)
+        await self.send_frame(self.provider.mark(self.stream_id, self.last_mark))
 
     async def send_event(self, event: OutEvent) -> None:
         if isinstance(event, ResponseDone):
@@ -148,6 +150,8 @@ class PhoneWire:
         self.phone = call.runtime.settings.phone
         self.outbound = PhoneOutbound(call.writer, provider, self.phone, call.runtime.metrics)
         self.placed: PlacedLine | None = None  # a call the service placed (app/transports/phone/dial.py)
+        self.opening: asyncio.Task[None] | None = None  # a screened call's opening, once the verdict is in
+        self.echoed = ""  # the last mark the provider echoed
 
     @property
     def label(self) -> str:
@@ -256,7 +260,9 @@ class PhoneWire:
                                      toolbox=call.runtime.toolbox(), placed=line.placed,
                                      system_prompt=line.instructions)
         log.info("%s: the call placed out as %s is answered (stream %s)", self.label, line.id, start.stream_id)
-        if line.first_message:
+        if line.screen is not None:  # the callee's first seconds go to the detector; the verdict opens the call
+            self.opening = asyncio.create_task(line.screen.open(call, line.first_message, self._played_out))
+        elif line.first_message:
             await session.say(line.first_message)
 
     def _offer_transfer(self, call_id: str) -> None:
@@ -295,13 +301,25 @@ class PhoneWire:
             return
         if media.track == "outbound" or not media.payload:  # Telnyx both_tracks also sends the bot's own audio
             return
+        screen = self.placed.screen if self.placed is not None else None
+        if screen is not None and not screen.lets_through():
+            await screen.screening.feed(mulaw_to_float(media.payload))  # a machine's greeting is never answered
+            return
         await self.call.feed(mulaw_to_float(media.payload))
+
+    async def _played_out(self) -> None:
+        """Once the provider has played all the reply audio sent (its last mark echoed), or 5 s."""
+        outbound = self.outbound
+        deadline = self.call.runtime.clock.now() + 5.0
+        while self.echoed != outbound.last_mark and self.call.runtime.clock.now() < deadline:
+            await asyncio.sleep(0.05)
 
     def handle_mark(self, name: str) -> None:
         played = parse_mark(name)
         if played is None:
             log.warning("%s: a mark the server did not send: %r", self.label, name[:80])
             return
+        self.echoed = name
         if self.call.session is not None:
             self.call.session.on_played(*played)
 
@@ -327,5 +345,7 @@ async def serve_call(websocket: WebSocket, provider: Provider) -> None:
         await call.serve(take_slot=False)
     finally:
         wire = call.wire
+        if isinstance(wire, PhoneWire) and wire.opening is not None:
+            wire.opening.cancel()  # a screened call that ended before its verdict
         if isinstance(wire, PhoneWire) and wire.placed is not None:
             await dialer.finish(wire.placed, call.end_reason)

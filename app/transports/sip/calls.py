@@ -24,11 +24,11 @@ from app.redact import mask_number
 from app.runtime import Runtime
 from app.transports.answering_machine import Verdict
 from app.transports.call import Call
+from app.transports.screen import Screen
 from app.transports.sip import sdp
 from app.transports.sip.endpoint import Invite, Progress, Signalling
 from app.transports.sip.line import DialogSocket, LineOutbound, LineWire
 from app.transports.sip.rtp import CODEC_NAMES, PCMA, PCMU, SAMPLE_RATE, RtpSession, open_rtp
-from app.transports.sip.screen import Screen
 from app.transports.webrtc.media import ReplyTrack
 
 log = logging.getLogger(__name__)

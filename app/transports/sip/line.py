@@ -25,7 +25,7 @@ from models.protocols import Audio
 from pipeline.events import ErrorEvent, OutEvent, ResponseDone, TranscriptFinal
 
 if TYPE_CHECKING:
-    from app.transports.sip.screen import Screen
+    from app.transports.screen import Screen
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +102,15 @@ class LineWire:
         """The first message, at once; or, on a screened call, once the verdict is in (a task: the
         call's loop runs meanwhile)."""
         if self.screen is not None:
-            self.opening = asyncio.create_task(self.screen.open(self))
+            self.opening = asyncio.create_task(self.screen.open(self.call, self.first_message, self._sent))
         elif self.first_message and self.call.session is not None:
             await self.call.session.say(self.first_message)
+
+    async def _sent(self) -> None:
+        """Once the reply audio handed to the line has all gone out as RTP."""
+        session = self.call.session
+        if session is not None and isinstance(session.outbound, LineOutbound):
+            await session.outbound.track.drained.wait()
 
     async def goodbye(self) -> None:
         """A phone line takes no text: the call is hung up (BYE) with the reason in the log."""
