@@ -213,6 +213,10 @@ class PhoneConfig(BaseModel):
         16000, ge=160, description="largest decoded audio payload of one media frame (2 s of 8 kHz mu-law)")
     api_timeout_s: float = Field(
         10.0, gt=0, le=60, description="how long a call placed out waits for the provider's REST API to answer")
+    transfer_calls: bool = Field(
+        False, description="offer transfer_call on Twilio and Telnyx calls (with their API credentials set): the "
+        "provider dials tools.transfer_targets, so each must be a number in E.164 or a SIP URI the provider's cloud "
+        "reaches (an extension of the SIP trunk is not)")
     answer_grace_s: float = Field(
         20.0, gt=0, le=300, description="a call placed out whose media stream has not started this long after its "
         "ring timeout is given up (not answered, or the provider could not reach the stream URL)")

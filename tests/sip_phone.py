@@ -140,10 +140,12 @@ class Baresip:
 
 
 async def sipp(target: str, scenario: str, *, calls: int = 1, limit: int = 1, rate: int = 10, hold_ms: int = 3000,
-               folder: Path, service: str = "agent", timeout: float = 120, tcp: bool = False) -> tuple[int, str]:
+               folder: Path, service: str = "agent", timeout: float = 120, tcp: bool = False,
+               send_to: str | None = None) -> tuple[int, str]:
     """Run SIPp's built-in `scenario` (uac, uac_pcap) against `target` (host:port): `calls` calls,
-    `limit` at once, `rate` new ones a second, over UDP (or one TCP connection: `tcp`). Returns (exit
-    status, its output): 0 when every call succeeded."""
+    `limit` at once, `rate` new ones a second, over UDP (or one TCP connection: `tcp`), sent to
+    `send_to` (host:port) where the request URI names another. Returns (exit status, its output): 0
+    when every call succeeded."""
     folder.mkdir(parents=True, exist_ok=True)
     pcap = folder / "pcap"
     pcap.mkdir(exist_ok=True)
@@ -152,7 +154,8 @@ async def sipp(target: str, scenario: str, *, calls: int = 1, limit: int = 1, ra
             shutil.copy(recording, pcap / recording.name)
     command = [need("sipp"), "-sn", scenario, target, "-m", str(calls), "-l", str(limit), "-r", str(rate),
                "-d", str(hold_ms), "-s", service, "-i", "127.0.0.1", "-p", str(free_udp_port()), "-nostdin",
-               "-trace_err", "-timeout", str(int(timeout)), "-timeout_error", *(["-t", "t1"] if tcp else [])]
+               "-trace_err", "-timeout", str(int(timeout)), "-timeout_error", *(["-t", "t1"] if tcp else []),
+               *(["-rsa", send_to] if send_to else [])]
     proc = await asyncio.create_subprocess_exec(*command, cwd=folder, stdout=subprocess.PIPE,
                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
@@ -175,6 +178,7 @@ async def kamailio_edge(folder: Path, service_port: int) -> AsyncIterator[int]:
     proc = await asyncio.create_subprocess_exec(
         need("kamailio"), "-DD", "-E", "-f", str(config), "-Y", str(folder), "-P", str(folder / "kamailio.pid"),
         "-A", "EDGE_ADDRESS=127.0.0.1", "-A", f"EDGE_PORT={port}", "-A", f'SERVICE_URI="sip:127.0.0.1:{service_port}"',
+        "-A", 'TRUNKS="192.0.2.0/24,127.0.0.1/32"',
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         deadline = asyncio.get_running_loop().time() + 20

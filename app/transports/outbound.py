@@ -24,6 +24,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from app.admission import not_ready
 from app.redact import mask_number
 from app.runtime import Runtime
 from app.security.guard import CLIENT_KEY, OUTBOUND_CALLS_PATH, TAKE_CALL_SLOT
@@ -152,6 +153,11 @@ async def place_call(request: Request) -> JSONResponse:
         else:
             screen = None
             if order.answering_machine != "off":
+                if runtime.backends is None:
+                    refused = not_ready(runtime)
+                    if slot is not None:
+                        slot.release()
+                    return _error(503, refused.code, refused.message)
                 screen = Screen(runtime.backends, runtime.settings.machine_detection, order.answering_machine,
                                 order.voicemail_message, on_verdict)
             line = await dialer.place(order.transport, order.to, first_message=order.first_message,

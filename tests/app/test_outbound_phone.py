@@ -314,6 +314,15 @@ async def _true(value: bool) -> bool:
     return value
 
 
+async def test_a_server_that_stops_ends_the_calls_still_ringing_before_it_exits(tmp_path: Path) -> None:
+    telnyx = FakeTelnyx()
+    async with served_api(telnyx.app) as api:
+        async with server(tmp_path, api) as (host, runtime):
+            await place(host, to="+15550123456", transport="telnyx", ring_timeout_s=60)
+            assert telnyx.hangups == []
+        assert telnyx.hangups == ["v3:control-1"] and runtime.sessions == {}  # sent before the client closed
+
+
 async def test_a_machine_that_answers_a_twilio_call_gets_the_message_after_its_beep(tmp_path: Path) -> None:
     """The callee's greeting goes to the answering-machine detector, not to the session: a long
     greeting (the fake VAD hears the loud stretch as speech) is a machine; once its beep is over the
@@ -361,7 +370,8 @@ def transferring(target: str) -> FakeLLM:
 async def test_a_twilio_call_is_transferred_by_updating_it_with_a_dial(tmp_path: Path) -> None:
     twilio = FakeTwilio()
     async with served_api(twilio.app) as api, server(tmp_path, api, transferring("front desk"),
-                                                     ["Can I talk to a person?"], TRANSFER) as (host, _):
+                                                     ["Can I talk to a person?"], TRANSFER,
+                                                     transfer_calls=True) as (host, _):
         sim = await dial(f"http://{host}", f"ws://{host}", PUBLIC, AUTH_TOKEN)  # a call that came in
         await sim.say(LOUD)
         await sim.wait_until(lambda: sim.closed, 20)
@@ -375,7 +385,8 @@ async def test_a_twilio_call_is_transferred_by_updating_it_with_a_dial(tmp_path:
 async def test_a_telnyx_call_is_transferred_with_the_transfer_command(tmp_path: Path) -> None:
     telnyx = FakeTelnyx()
     async with served_api(telnyx.app) as api, server(tmp_path, api, transferring("billing"),
-                                                     ["Billing, please."], TRANSFER) as (host, _):
+                                                     ["Billing, please."], TRANSFER,
+                                                     transfer_calls=True) as (host, _):
         call = (await place(host, to="+15550123456", transport="telnyx")).json()
         parts = urlsplit(telnyx.requests[0][1]["stream_url"])
         sim = PhoneSim(f"ws://{host}{parts.path}?{parts.query}", provider="telnyx", call_sid="v3:control-1")

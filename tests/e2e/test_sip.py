@@ -184,7 +184,11 @@ async def test_a_trunk_call_over_tcp_through_the_kamailio_edge_is_answered_with_
     before = calls_in_log(server)
     async with kamailio_edge(tmp_path / "kamailio", port) as edge:
         status, output = await sipp(f"127.0.0.1:{edge}", "uac_pcap", folder=tmp_path / "sipp", hold_ms=1000, tcp=True)
+        # no open relay: a call sent to the edge for somewhere else is refused
+        relayed, refusal = await sipp(f"127.0.0.1:{free_udp_port()}", "uac", folder=tmp_path / "relay", tcp=True,
+                                      send_to=f"127.0.0.1:{edge}", timeout=10)
     assert status == 0, output + (tmp_path / "kamailio" / "kamailio.log").read_text()[-3000:]
+    assert relayed != 0 and "403 Forbidden" in refusal, refusal
     (call_id,) = [c for c in calls_in_log(server) if c not in before]
     log = server.log()
     assert re.search(rf"{call_id}: connected \(PCMA,", log), log[-3000:]

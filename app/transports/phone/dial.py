@@ -27,13 +27,12 @@ the replica that placed the call (docs/phone.md says how), or it is refused.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import logging
 import secrets
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -94,6 +93,7 @@ class PhoneDialer:
         self.lines: dict[str, PlacedLine] = {}  # by id, from placing until the call ends
         self.http: httpx.AsyncClient | None = None  # the providers' APIs (made with the first call placed)
         self.ended: OrderedDict[str, None] = OrderedDict()  # the ids of the last calls that ended
+        self.tasks: set[asyncio.Task[None]] = set()  # watches and hang-ups in progress
 
     def unready(self, transport: str) -> str | None:
         """What is missing for calls out over `transport`, or None."""
@@ -140,8 +140,16 @@ class PhoneDialer:
             log.warning("%s: the call was answered, though %s's API answered: %s", line.id, transport, exc)
             return line
         log.info("%s: %s placed the call to %s (%s)", line.id, transport, mask_number(to), line.provider_id)
-        line.watch = asyncio.create_task(self._watch(line, ring_timeout_s + runtime.settings.phone.answer_grace_s))
+        if not (line.answered or line.done):
+            line.watch = self._spawn(self._watch(line, ring_timeout_s + runtime.settings.phone.answer_grace_s))
         return line
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A task of a call placed out (its watch, a hang-up), kept until done: close() waits for them."""
+        task = asyncio.create_task(job)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
 
     async def _twilio(self, line: PlacedLine, to: str, ring_timeout_s: float) -> str:
         config = self.runtime.settings.twilio
@@ -301,11 +309,11 @@ class PhoneDialer:
             return
         ident = quote(line.provider_id, safe="")
         try:
-            if line.transport == "twilio":
-                await self._to_twilio(f"Calls/{ident}.json", [("Status", "canceled")])
+            if line.transport == "twilio":  # "completed" ends it whatever its state ("canceled": ringing only)
+                await self._to_twilio(f"Calls/{ident}.json", [("Status", "completed")])
             else:
                 await self._to_telnyx(f"calls/{ident}/actions/hangup", {})
-        except DialError as exc:
+        except Exception as exc:  # best effort: logged, never raised into a call
             log.warning("%s: could not hang up its %s leg: %s", line.id, line.transport, exc)
 
     def _fail(self, line: PlacedLine, detail: str) -> None:
@@ -321,12 +329,16 @@ class PhoneDialer:
             line.watch.cancel()
 
     async def close(self) -> None:
-        """At shutdown: stop watching (the calls' slots go with the process)."""
+        """At shutdown: the calls still ringing are given up and cancelled, and every hang-up under
+        way is waited for (up to phone.api_timeout_s) before the API client closes."""
         for line in list(self.lines.values()):
-            if line.watch is not None:
-                line.watch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await line.watch
+            if not line.answered and not line.done:
+                self._fail(line, "server_shutdown")
+                self._spawn(self._hang_up(line))
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=self.runtime.settings.phone.api_timeout_s + 1)
+        for task in list(self.tasks):
+            task.cancel()
         if self.http is not None:
             await self.http.aclose()
 

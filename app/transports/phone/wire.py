@@ -254,6 +254,7 @@ class PhoneWire:
             call.end_reason = "refused"
             return await call.close(CLOSE_POLICY)
         self.placed = line
+        line.provider_id = line.provider_id or start.call_id  # (the stream came before the API's answer)
         call.session_id = line.session_id
         self._offer_transfer(start.call_id)
         session = call.start_session(self.outbound, input_rate=SAMPLE_RATE, output_rate=SAMPLE_RATE,
@@ -266,8 +267,10 @@ class PhoneWire:
             await session.say(line.first_message)
 
     def _offer_transfer(self, call_id: str) -> None:
-        """Where the provider's REST API is set up, the call can be handed on (transfer_call)."""
-        if call_id and self.dialer is not None and self.dialer.can_transfer(self.provider.name):
+        """Where phone.transfer_calls is on and the provider's REST API is set up, the call can be
+        handed on (transfer_call, to tools.transfer_targets)."""
+        if (call_id and self.dialer is not None and self.phone.transfer_calls
+                and self.dialer.can_transfer(self.provider.name)):
             self.call.transfer_line = lambda destination: self._transfer(call_id, destination)
 
     async def _transfer(self, call_id: str, destination: str) -> None:
