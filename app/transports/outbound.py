@@ -30,7 +30,8 @@ from app.runtime import Runtime
 from app.security.guard import CLIENT_KEY, OUTBOUND_CALLS_PATH, TAKE_CALL_SLOT
 from app.store import utc_now
 from app.transports.answering_machine import Verdict
-from app.transports.phone.dial import DialError, PhoneDialer
+from app.transports.phone.dial import PhoneDialer
+from app.transports.phone.errors import DialError
 from app.transports.screen import Screen
 from app.transports.sip.calls import SipCalls
 

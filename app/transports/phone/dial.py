@@ -43,6 +43,7 @@ from app.admission import admit_call
 from app.redact import mask_number
 from app.runtime import Runtime
 from app.transports.phone import telnyx, twilio
+from app.transports.phone.errors import DialError
 from app.transports.phone.wire import PLACED
 from app.transports.screen import Screen
 
@@ -52,14 +53,6 @@ TWILIO_EVENTS = ("initiated", "ringing", "answered", "completed")
 # Twilio's CallStatus values that end a call before it was answered (`completed` too: answered and
 # hung up before the stream started)
 TWILIO_ENDED = {"busy", "no-answer", "failed", "canceled", "completed"}
-
-
-class DialError(Exception):
-    """The call could not be placed: `status` is the HTTP status to answer, the text says why."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code = status, code
 
 
 @dataclass

@@ -115,6 +115,23 @@ def log_setup(settings: Settings) -> None:
                  VOICE_PATH, stream_url(config.public_url))
 
 
+async def signed_form(request: Request, path: str) -> dict[str, str] | Response:
+    """A webhook's form fields, once its size and X-Twilio-Signature are checked (the signature over
+    public_url + path + query and every posted value); else the refusal to answer (413 or 403)."""
+    runtime: Runtime = request.app.state.runtime
+    config = runtime.settings.twilio
+    if len(await request.body()) > runtime.settings.phone.max_frame_bytes:
+        return Response(status_code=413)
+    form = await request.form()
+    if config.check_signatures:
+        url = config.public_url.rstrip("/") + path + (f"?{request.url.query}" if request.url.query else "")
+        if not configured(config) or not signature_ok(config, url, form, request.headers):
+            runtime.metrics.error("bad_signature")
+            log.warning("%s: refused a request without a valid %s", path, SIGNATURE_HEADER)
+            return Response(status_code=403)
+    return {name: value for name, value in form.items() if isinstance(value, str)}
+
+
 @router.post(VOICE_PATH, include_in_schema=False)
 async def voice_webhook(request: Request) -> Response:
     """Answers a call with TwiML that streams it here. The stream's <Parameter>s carry the call's
@@ -123,17 +140,10 @@ async def voice_webhook(request: Request) -> Response:
     stream could be replayed forever."""
     runtime: Runtime = request.app.state.runtime
     config = runtime.settings.twilio
-    if len(await request.body()) > runtime.settings.phone.max_frame_bytes:
-        return Response(status_code=413)
-    form = await request.form()
-    fields = {name: value for name, value in form.items() if isinstance(value, str)}
+    fields = await signed_form(request, VOICE_PATH)
+    if isinstance(fields, Response):
+        return fields
     public = config.public_url.rstrip("/")
-    if config.check_signatures:
-        url = public + VOICE_PATH + (f"?{request.url.query}" if request.url.query else "")
-        if not configured(config) or not signature_ok(config, url, form, request.headers):  # every value signed
-            runtime.metrics.error("bad_signature")
-            log.warning("%s: refused a request without a valid %s", VOICE_PATH, SIGNATURE_HEADER)
-            return Response(status_code=403)
     # unchecked (local testing) and no public URL: the stream is on the host the request came to
     url = stream_url(public or str(request.base_url))
     parameters = {name: fields[name] for name in CALL_PARAMETERS if name in fields}
@@ -160,18 +170,9 @@ async def media_socket(websocket: WebSocket) -> None:
 async def status_callback(request: Request) -> Response:
     """A call placed out (app/transports/phone/dial.py) rings, or ends before its stream started:
     Twilio's signed status callback, `?placed=<the call's id>`."""
-    runtime: Runtime = request.app.state.runtime
-    config = runtime.settings.twilio
-    if len(await request.body()) > runtime.settings.phone.max_frame_bytes:
-        return Response(status_code=413)
-    form = await request.form()
-    fields = {name: value for name, value in form.items() if isinstance(value, str)}
-    if config.check_signatures:
-        url = config.public_url.rstrip("/") + STATUS_PATH + (f"?{request.url.query}" if request.url.query else "")
-        if not configured(config) or not signature_ok(config, url, form, request.headers):
-            runtime.metrics.error("bad_signature")
-            log.warning("%s: refused a request without a valid %s", STATUS_PATH, SIGNATURE_HEADER)
-            return Response(status_code=403)
+    fields = await signed_form(request, STATUS_PATH)
+    if isinstance(fields, Response):
+        return fields
     placed = request.query_params.get("placed", "")
     status = fields.get("CallStatus", "")
     detail = f"SIP {fields['SipResponseCode']}" if fields.get("SipResponseCode") else ""

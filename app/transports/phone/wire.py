@@ -22,6 +22,7 @@ of them close it (1008, with the reason).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from app.redact import mask_number, mask_parameters
 from app.runtime import Runtime
 from app.settings import PhoneConfig
 from app.transports.call import CLOSE_NORMAL, CLOSE_POLICY, Call, Message, SocketWriter
+from app.transports.phone.errors import DialError
 from app.transports.phone.messages import (
     FRAME_SAMPLES,
     SAMPLE_RATE,
@@ -152,6 +154,7 @@ class PhoneWire:
         self.placed: PlacedLine | None = None  # a call the service placed (app/transports/phone/dial.py)
         self.opening: asyncio.Task[None] | None = None  # a screened call's opening, once the verdict is in
         self.echoed = ""  # the last mark the provider echoed
+        self.mark_echoed = asyncio.Event()  # set at each echoed mark
 
     @property
     def label(self) -> str:
@@ -276,8 +279,6 @@ class PhoneWire:
     async def _transfer(self, call_id: str, destination: str) -> None:
         """A cold transfer through the provider's REST API, then this stream ends. A refused
         transfer ends the call too (the session has stopped): logged, counted, in the record."""
-        from app.transports.phone.dial import DialError  # (dial.py imports this module)
-
         call = self.call
         log.info("%s: transferring the call to %s through %s's API", self.label, mask_number(destination),
                  self.provider.name)
@@ -312,10 +313,12 @@ class PhoneWire:
 
     async def _played_out(self) -> None:
         """Once the provider has played all the reply audio sent (its last mark echoed), or 5 s."""
-        outbound = self.outbound
-        deadline = self.call.runtime.clock.now() + 5.0
-        while self.echoed != outbound.last_mark and self.call.runtime.clock.now() < deadline:
-            await asyncio.sleep(0.05)
+        clock = self.call.runtime.clock
+        deadline = clock.now() + 5.0
+        while self.echoed != self.outbound.last_mark and (left := deadline - clock.now()) > 0:
+            self.mark_echoed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.mark_echoed.wait(), left)
 
     def handle_mark(self, name: str) -> None:
         played = parse_mark(name)
@@ -323,6 +326,7 @@ class PhoneWire:
             log.warning("%s: a mark the server did not send: %r", self.label, name[:80])
             return
         self.echoed = name
+        self.mark_echoed.set()
         if self.call.session is not None:
             self.call.session.on_played(*played)
 
