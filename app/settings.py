@@ -7,6 +7,7 @@ JSON file (VOICE_AGENT_CONFIG or `--config`). Each backend is handed only its ow
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import tomllib
@@ -186,11 +187,34 @@ class TelnyxConfig(BaseModel):
     caller_id: str = Field("", max_length=64, description="the number calls out come from (E.164)")
     api_url: str = Field("https://api.telnyx.com", description="Telnyx's REST API (another address for a test "
                          "double)")
+    public_key: str = Field(
+        "", max_length=64, description="the account's Ed25519 public key (base64, from the Mission Control Portal): "
+        "the webhooks of calls placed out (POST /telnyx/events) must be signed with it; empty: those calls ask for no "
+        "webhooks here")
+    check_signatures: bool = Field(
+        True, description="false takes unsigned webhooks at /telnyx/events: for local testing only (a warning at "
+        "start-up)")
+    webhook_tolerance_s: float = Field(
+        300.0, gt=0, le=3600, description="how far a webhook's signed telnyx-timestamp may lie from this server's "
+        "clock: an older one is a replay and is refused")
 
     @field_validator("public_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
         return public_url("telnyx.public_url", value)
+
+    @field_validator("public_key")
+    @classmethod
+    def _ed25519_key(cls, value: str) -> str:
+        value = value.strip()
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except ValueError:
+            raw = b""
+        if value and len(raw) != 32:
+            raise ValueError("telnyx.public_key must be the account's Ed25519 public key in base64 (32 bytes), as "
+                             "the Mission Control Portal shows it")
+        return value
 
     @field_validator("api_url")
     @classmethod

@@ -80,7 +80,7 @@ WEBRTC_CALLS_PATH = "/webrtc/calls"  # the page's WebRTC calls (app/transports/w
 OUTBOUND_CALLS_PATH = "/api/calls/outbound"  # calls the service places (app/transports/outbound.py)
 RATE_LIMITS = "voice_agent.rate_limits"  # scope key: what the socket's client has left of its limits, asked later
 OPEN_PATHS = frozenset({"/", "/healthz", "/livez", "/readyz", "/api/auth", "/api/login", "/api/logout", "/twilio/voice",
-                        "/twilio/status", "/twilio/media", "/telnyx/media"})
+                        "/twilio/status", "/twilio/media", "/telnyx/media", "/telnyx/events"})
 OPEN_PREFIXES = ("/static/",)
 # open routes that look at a key (and count a wrong one): held back, as every authenticated route
 # is, from an address past server.max_auth_failures_per_minute

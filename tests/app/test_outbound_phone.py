@@ -12,6 +12,7 @@ import base64
 import contextlib
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ import numpy as np
 import pytest
 import uvicorn
 from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from websockets.exceptions import InvalidStatus
 
 from app.main import create_app
@@ -42,6 +45,8 @@ ACCOUNT = "AC" + "1" * 32
 TELNYX_KEY = "KEY0123456789"
 FIRST = "Hello, this is the clinic calling about your appointment tomorrow."  # 10 words: 1 s of fake speech
 VOICEMAIL = "Please call the clinic back."  # 5 words
+TELNYX_SIGNER = Ed25519PrivateKey.generate()  # stands for the Telnyx account's webhook signing key
+TELNYX_PUBLIC_KEY = base64.b64encode(TELNYX_SIGNER.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
 
 
 class FakeTwilio:
@@ -111,7 +116,8 @@ async def server(tmp: Path, api: str, llm: FakeLLM | None = None, finals: list[s
         twilio=TwilioConfig(auth_token=AUTH_TOKEN, public_url=PUBLIC, account_sid=ACCOUNT,  # type: ignore[arg-type]
                             caller_id="+15550100000", api_url=api),
         telnyx=TelnyxConfig(stream_token="telnyx-secret", public_url=PUBLIC, api_key=TELNYX_KEY,  # type: ignore[arg-type]
-                            connection_id="1494404757140276705", caller_id="+15550100001", api_url=api),
+                            connection_id="1494404757140276705", caller_id="+15550100001", api_url=api,
+                            public_key=TELNYX_PUBLIC_KEY),
         phone=PhoneConfig(mark_interval_ms=200, **phone),
     )
     app = create_app(settings, backends=Backends(FakeVad(), FakeRecognizer(finals or []),  # type: ignore[arg-type]
@@ -279,7 +285,9 @@ async def test_a_call_out_through_telnyx_is_dialled_as_documented_and_speaks_its
         stream = body.pop("stream_url")
         assert body == {"connection_id": "1494404757140276705", "to": "+15550123456", "from": "+15550100001",
                         "timeout_secs": 20, "stream_track": "inbound_track", "stream_bidirectional_mode": "rtp",
-                        "stream_bidirectional_codec": "PCMU"}
+                        "stream_bidirectional_codec": "PCMU",
+                        "client_state": base64.b64encode(call["id"].encode()).decode(),
+                        "webhook_url": f"{PUBLIC}/telnyx/events", "webhook_url_method": "POST"}
         parts = urlsplit(stream)
         assert f"{parts.scheme}://{parts.netloc}{parts.path}" == "wss://voice.example.test/telnyx/media"
         assert set(parse_qs(parts.query)) == {"placed"}
@@ -296,6 +304,68 @@ async def test_a_call_out_through_telnyx_is_dialled_as_documented_and_speaks_its
         await until(lambda: _status_is(host, call["id"], "ended"))
         assert runtime.sessions == {}
     assert telnyx.hangups == []  # the callee hung up: nothing left to end
+
+
+async def telnyx_webhook(host: str, event_type: str, payload: dict[str, Any], *,
+                         signer: Ed25519PrivateKey = TELNYX_SIGNER, age_s: int = 0) -> httpx.Response:
+    """A Call Control webhook as Telnyx sends one: JSON, signed with Ed25519 over "<timestamp>|<body>"."""
+    body = json.dumps({"data": {"record_type": "event", "event_type": event_type, "id": "0ccc7b54-4df3",
+                                "occurred_at": "2026-12-07T21:00:00Z", "payload": payload}}).encode()
+    stamp = str(int(time.time()) - age_s)
+    headers = {"content-type": "application/json", "telnyx-timestamp": stamp,
+               "telnyx-signature-ed25519": base64.b64encode(signer.sign(stamp.encode() + b"|" + body)).decode()}
+    async with httpx.AsyncClient(timeout=10) as http:
+        return await http.post(f"http://{host}/telnyx/events", content=body, headers=headers)
+
+
+async def test_a_busy_telnyx_callee_ends_the_call_at_its_signed_hangup_webhook(tmp_path: Path) -> None:
+    telnyx = FakeTelnyx()
+    async with served_api(telnyx.app) as api, server(tmp_path, api) as (host, runtime):
+        call = (await place(host, to="+15550123456", transport="telnyx", ring_timeout_s=60)).json()
+        state = telnyx.requests[0][1]["client_state"]
+        hangup = {"call_control_id": "v3:control-1", "client_state": state, "hangup_cause": "user_busy",
+                  "hangup_source": "callee", "sip_hangup_cause": "486"}
+        # forged (another key), replayed (signed an hour ago), unsigned, or not a webhook: refused, and it rings on
+        assert (await telnyx_webhook(host, "call.hangup", hangup, signer=Ed25519PrivateKey.generate())
+                ).status_code == 403
+        assert (await telnyx_webhook(host, "call.hangup", hangup, age_s=3600)).status_code == 403
+        async with httpx.AsyncClient(timeout=10) as http:
+            unsigned = await http.post(f"http://{host}/telnyx/events", json={"data": {"event_type": "call.hangup",
+                                                                                       "payload": hangup}})
+        assert unsigned.status_code == 403
+        bad = await telnyx_webhook(host, "call.hangup", "not a payload")  # type: ignore[arg-type]
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_event"
+        assert (await placed(host, call["id"]))["status"] == "dialing" and len(runtime.sessions) == 1
+        # events that change nothing, and calls this replica never placed, are acknowledged
+        assert (await telnyx_webhook(host, "call.initiated", {"call_control_id": "v3:control-1",
+                                                              "client_state": state})).status_code == 200
+        assert (await telnyx_webhook(host, "call.hangup", {"call_control_id": "v3:elsewhere"})).status_code == 200
+        assert (await placed(host, call["id"]))["status"] == "dialing"
+        # Telnyx's signed call.hangup: the call ends at once with its cause, and its slot is free
+        assert (await telnyx_webhook(host, "call.hangup", hangup)).status_code == 200
+        status = await placed(host, call["id"])
+        assert status["status"] == "failed" and status["detail"] == "user_busy (SIP 486)"
+        assert runtime.sessions == {}
+        # a stream that comes after all opens nothing
+        stream = urlsplit(telnyx.requests[0][1]["stream_url"])
+        with pytest.raises(InvalidStatus) as refused:
+            await PhoneSim(f"ws://{host}{stream.path}?{stream.query}", provider="telnyx").connect()
+        assert refused.value.response.status_code == 403
+    assert telnyx.hangups == []  # Telnyx ended it: nothing to hang up
+
+
+async def test_a_telnyx_stream_that_fails_to_open_ends_the_call_and_hangs_it_up(tmp_path: Path) -> None:
+    telnyx = FakeTelnyx()
+    async with served_api(telnyx.app) as api, server(tmp_path, api) as (host, runtime):
+        call = (await place(host, to="+15550123456", transport="telnyx", ring_timeout_s=60)).json()
+        failed = {"call_control_id": "v3:control-1", "failure_reason": "connection_failed",  # no client_state:
+                  "stream_params": {"stream_url": "wss://voice.example.test/telnyx/media"}}  # found by call id
+        assert (await telnyx_webhook(host, "streaming.failed", failed)).status_code == 200
+        status = await placed(host, call["id"])
+        assert status["status"] == "failed" and status["detail"] == "media stream failed: connection_failed"
+        assert runtime.sessions == {}
+        await until(lambda: _true(bool(telnyx.hangups)))
+    assert telnyx.hangups == ["v3:control-1"]
 
 
 async def test_a_call_out_whose_stream_never_comes_is_given_up_and_hung_up(tmp_path: Path) -> None:

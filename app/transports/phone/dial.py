@@ -10,6 +10,10 @@ Telnyx: `POST {telnyx.api_url}/v2/calls`, JSON, `Authorization: Bearer {telnyx.a
 `connection_id`, `to`, `from` (telnyx.caller_id), `timeout_secs`, and `stream_url` (this server's
 /telnyx/media) with `stream_track` `inbound_track` and bidirectional RTP in PCMU.
 
+The Dial command's `client_state` carries the call's id, and where `telnyx.public_key` is set its
+`webhook_url` is this server's POST /telnyx/events (app/transports/phone/telnyx.py): a callee who is
+busy or does not answer ends the call there, as Twilio's status callback does.
+
 Either way the provider rings the callee and, once answered, opens the media stream the call runs
 on (app/transports/phone/wire.py). The stream names the call it is for by a credential made for it
 (`placed` = "<id>.<secret>": a TwiML <Parameter>, or the Telnyx stream URL's query), good for one
@@ -27,6 +31,7 @@ the replica that placed the call (docs/phone.md says how), or it is refused.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import logging
 import secrets
@@ -163,10 +168,14 @@ class PhoneDialer:
     async def _telnyx(self, line: PlacedLine, to: str, ring_timeout_s: float) -> str:
         config = self.runtime.settings.telnyx
         stream = telnyx.stream_url(config.public_url, "").partition("?")[0] + f"?{PLACED}={line.credential}"
-        body = await self._to_telnyx("calls", {
+        command = {
             "connection_id": config.connection_id, "to": to, "from": config.caller_id,
             "timeout_secs": round(ring_timeout_s), "stream_url": stream, "stream_track": "inbound_track",
-            "stream_bidirectional_mode": "rtp", "stream_bidirectional_codec": "PCMU"})
+            "stream_bidirectional_mode": "rtp", "stream_bidirectional_codec": "PCMU",
+            "client_state": base64.b64encode(line.id.encode()).decode()}  # names the call in its webhooks
+        if config.public_key or not config.check_signatures:  # its webhooks come here, where they can be checked
+            command |= {"webhook_url": f"{config.public_url}{telnyx.EVENTS_PATH}", "webhook_url_method": "POST"}
+        body = await self._to_telnyx("calls", command)
         data = body.get("data")
         call_id = data.get("call_control_id") if isinstance(data, dict) else None
         if not isinstance(call_id, str) or not call_id:
@@ -270,6 +279,28 @@ class PhoneDialer:
             line.on_state("ringing", detail)
         elif call_status in TWILIO_ENDED:
             self._fail(line, f"{call_status}{f' ({detail})' if detail else ''}")
+        return True
+
+    def telnyx_event(self, ident: str, call_id: str, event_type: str, payload: dict[str, Any]) -> bool:
+        """A Telnyx webhook (its signature checked) about the call placed as `ident` (from its
+        client_state), or failing that the one Telnyx calls `call_id`; False for a call this replica
+        does not know. Before the stream starts, `call.hangup` (busy, no answer, rejected) ends the
+        call with Telnyx's cause, and `streaming.failed` (Telnyx could not open the media stream)
+        ends it and hangs it up; after, the stream tells the rest."""
+        line = self.lines.get(ident) or next(
+            (found for found in self.lines.values() if call_id and found.provider_id == call_id), None)
+        if line is None:
+            return ident in self.ended
+        if line.answered or line.done or line.transport != "telnyx":
+            return True
+        if event_type == "call.hangup":
+            cause, sip = payload.get("hangup_cause") or "hangup", payload.get("sip_hangup_cause")
+            self._fail(line, f"{cause}{f' (SIP {sip})' if sip else ''}")
+        elif event_type == "streaming.failed":
+            log.warning("%s: telnyx could not open the media stream (%s): check telnyx.public_url", line.id,
+                        payload.get("failure_reason") or "no reason given")
+            self._fail(line, f"media stream failed: {payload.get('failure_reason') or 'no reason given'}")
+            self._spawn(self._hang_up(line))
         return True
 
     async def _watch(self, line: PlacedLine, wait_s: float) -> None:
