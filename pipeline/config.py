@@ -383,6 +383,16 @@ class ToolsConfig(BaseModel):
         default_factory=dict, description="where the built-in transfer_call tool may send a call: a name the model "
         "chooses (\"front desk\") -> a SIP URI or a number (through sip.trunk). Offered on calls whose line can "
         "transfer (SIP); empty: no transfer_call tool. The model cannot reach any other destination")
+    warm_transfers: list[str] = Field(
+        default_factory=list, description="the transfer targets (by name) a SIP call is handed to warm: the agent "
+        "first calls the person, tells them who is calling and why (the model's summary), and joins the two calls "
+        "only if they answer; otherwise the model is told, and the call goes on. The others are cold (a REFER)")
+    transfer_ring_timeout_s: float = Field(
+        25.0, gt=0, le=120, description="how long the person of a warm transfer may take to answer")
+    warm_transfer_message: str = Field(
+        "Hello, this is the virtual assistant with a caller for you. {summary} I am putting them through now.",
+        max_length=500, description="what the person of a warm transfer hears when they answer, before the calls "
+        "are joined; {summary} is the model's summary of who is calling and why")
     tool_choice: str = Field("auto", description="auto, none or required, for the server's tools")
     max_steps: int = Field(3, ge=1, le=10, description="rounds of tool calls in one turn; then the model answers in "
                                                       "words")
@@ -409,3 +419,11 @@ class ToolsConfig(BaseModel):
     goodbye_grace_ms: int = Field(
         2000, ge=0, description="after end_call, the call ends once the goodbye is reported played; without "
         "reports, this long after it surely has")
+
+    @model_validator(mode="after")
+    def _warm_targets_exist(self) -> ToolsConfig:
+        unknown = [name for name in self.warm_transfers if name not in self.transfer_targets]
+        if unknown:
+            raise ValueError(f"tools.warm_transfers names {', '.join(map(repr, unknown))}, not in "
+                             f"tools.transfer_targets ({', '.join(map(repr, self.transfer_targets)) or 'none'})")
+        return self

@@ -20,7 +20,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -38,13 +38,24 @@ _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 
 
-def transfer_tool(names: tuple[str, ...]) -> Tool:
-    """The built-in transfer_call, offered with the configured targets' names (tools.transfer_targets)."""
+def transfer_tool(names: tuple[str, ...], warm: bool = False) -> Tool:
+    """The built-in transfer_call, offered with the configured targets' names (tools.transfer_targets);
+    with a `summary` for the person where some targets take the call warm (tools.warm_transfers)."""
+    properties: dict[str, Any] = {"target": {"type": "string", "enum": list(names),
+                                             "description": "who to transfer the call to"}}
+    if warm:
+        properties["summary"] = {"type": "string", "description": "for the person who takes the call: who is "
+                                 "calling and what they need, in one short sentence"}
     return Tool(TRANSFER_CALL, "Transfer the phone call to a person. Use it when the caller asks for a person or "
                 "for something only a person can do; say in the same reply that you are transferring them.",
-                {"type": "object", "properties": {"target": {"type": "string", "enum": list(names),
-                                                             "description": "who to transfer the call to"}},
-                 "required": ["target"]})
+                {"type": "object", "properties": properties, "required": ["target"]})
+
+
+class Consult(Protocol):
+    """A warm transfer's first step, by the line: call the person at `destination` and tell them
+    `summary`; ToolFailed (with what happened) if they do not answer. The caller waits meanwhile."""
+
+    async def __call__(self, name: str, destination: str, summary: str) -> None: ...
 
 
 class ToolFailed(Exception):
@@ -169,6 +180,7 @@ class ToolBox:
         self.end_call = config.end_call
         self.on_end_call: Callable[[], None] | None = None
         self.on_transfer: Callable[[str, str], None] | None = None  # (target's name, destination): the line can
+        self.on_consult: Consult | None = None  # how the line reaches a warm transfer's person first (SIP)
 
     def declare(self, tools: Any, choice: Any = None, end_call: bool | None = None) -> None:
         """The client's own tools (session.start, session.update); a ConfigError says what is wrong."""
@@ -207,7 +219,8 @@ class ToolBox:
         """Every tool of the call; end_call only where the transport can hang up, transfer_call where
         it can transfer and targets are configured."""
         ending = (END_CALL,) if self.end_call and self.on_end_call is not None else ()
-        transfer = (transfer_tool(tuple(self.config.transfer_targets)),) if self._transfers() else ()
+        warm = bool(self.config.warm_transfers) and self.on_consult is not None
+        transfer = (transfer_tool(tuple(self.config.transfer_targets), warm),) if self._transfers() else ()
         return (*(self.client_tools if client is None else client), *(t.tool for t in self.server.values()), *ending,
                 *transfer)
 
@@ -248,14 +261,23 @@ class ToolBox:
             return "server"
         return "builtin" if name in (END_CALL.name, TRANSFER_CALL) else "client"
 
-    def _transfer(self, call: ToolCall) -> str:
-        """transfer_call: the line is asked to transfer once this turn's last words were heard."""
+    async def _transfer(self, call: ToolCall) -> str:
+        """transfer_call: the line is asked to transfer once this turn's last words were heard. A warm
+        target (tools.warm_transfers) is called first and told the summary; the call is joined to
+        them only if they answered (ToolFailed, which the model is told, if not)."""
         targets = self.config.transfer_targets
-        name = str(call.parsed_arguments().get("target", "")).strip()
+        arguments = call.parsed_arguments()
+        name = str(arguments.get("target", "")).strip()
         chosen = next((t for t in targets if t.lower() == name.lower()), None)
         if chosen is None:
             raise ToolFailed(f"no transfer target is called {name!r}; the targets are: {', '.join(targets)}")
         assert self.on_transfer is not None
+        if chosen in self.config.warm_transfers and self.on_consult is not None:
+            summary = str(arguments.get("summary") or "").strip()[:300]
+            await self.on_consult(chosen, targets[chosen], summary)
+            self.on_transfer(chosen, targets[chosen])
+            return json.dumps({"ok": True, "connecting_to": chosen, "note": f"{chosen} answered and heard the "
+                               "summary; the caller is connected to them after your reply"})
         self.on_transfer(chosen, targets[chosen])
         return json.dumps({"ok": True, "transferring_to": chosen})
 
@@ -275,7 +297,7 @@ class ToolBox:
                     self.on_end_call()
                 output = json.dumps({"ok": True, "note": "the call ends after your goodbye"})
             elif call.name == TRANSFER_CALL and self._transfers():
-                output = self._transfer(call)
+                output = await self._transfer(call)
             elif self.ask_client is not None and any(t.name == call.name for t in self.client_tools):
                 output = await asyncio.wait_for(self.ask_client(call), timeout)
             else:

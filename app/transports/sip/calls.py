@@ -29,7 +29,9 @@ from app.transports.sip import sdp
 from app.transports.sip.endpoint import Invite, Progress, Signalling
 from app.transports.sip.line import DialogSocket, LineOutbound, LineWire
 from app.transports.sip.rtp import CODEC_NAMES, PCMA, PCMU, SAMPLE_RATE, RtpSession, open_rtp
+from app.transports.sip.warm import Leg, announce, bridge
 from app.transports.webrtc.media import ReplyTrack
+from pipeline.tools import ToolFailed
 
 log = logging.getLogger(__name__)
 TRANSPORT = "sip"
@@ -47,6 +49,9 @@ class SipCall:
         self.call: Call | None = None
         self.hung_up = False
         self.instructions: str | None = None  # the call's own system prompt (a call placed out)
+        self.leg: Leg | None = None  # a warm transfer's person, called and told, waiting to be joined
+        self.leg_watch: asyncio.Task[None] | None = None  # hangs up on them if they are never joined
+        self.gone = asyncio.Event()  # the far end hung up
 
     async def _hang_up(self, reason: str) -> None:
         """The server ends the call: BYE (sippy's dialog sends it)."""
@@ -55,20 +60,85 @@ class SipCall:
             log.info("%s: hanging up%s", self.label, f" ({reason})" if reason else "")
             self.calls.signalling.run(Signalling.hang_up, self.dialog)
 
+    async def consult(self, name: str, destination: str, summary: str) -> None:
+        """A warm transfer's first step (app/transports/sip/warm.py): call the person and tell them
+        who is calling; ToolFailed, which the model is told, if they cannot be reached."""
+        calls = self.calls
+        tools = calls.runtime.settings.tools
+        await self.drop_leg()  # a second try replaces the first
+        log.info("%s: warm transfer: calling %s first", self.label, name)
+        try:
+            leg = await calls.dial_leg(name, destination, tools.transfer_ring_timeout_s)
+        except ValueError as exc:
+            raise ToolFailed(f"{name} cannot be called: {exc}") from None
+        self.leg = leg
+        assert calls.runtime.backends is not None
+        message = tools.warm_transfer_message.replace("{summary}", summary or "").replace("  ", " ").strip()
+        try:
+            await announce(leg, calls.runtime.backends, calls.runtime.settings.session.tts_trim, message)
+            if self.hung_up:
+                raise ToolFailed("the caller hung up while the person was called")
+        except BaseException:
+            await self.drop_leg()
+            raise
+        log.info("%s: warm transfer: %s answered and was told; the calls are joined after the agent's words",
+                 self.label, name)
+        self.leg_watch = calls.spawn(self._join_or_drop(leg, tools.transfer_ring_timeout_s))
+
+    async def _join_or_drop(self, leg: Leg, wait_s: float) -> None:
+        """A person told of a caller who is then never put through (the agent's words were cut off,
+        the model changed its mind) is not left on a silent line: hung up after `wait_s`."""
+        await self.calls.runtime.clock.sleep(wait_s)
+        if self.leg is leg:
+            log.warning("%s: warm transfer: the call was not put through to %s within %.0f s; hanging up on them",
+                        self.label, leg.name, wait_s)
+            await self.drop_leg()
+
+    async def drop_leg(self) -> None:
+        """Hang up a warm transfer's person who was called but not joined (the call ended first)."""
+        leg, self.leg = self.leg, None
+        self._stop_leg_watch()
+        if leg is not None:
+            await self.calls.end_leg(leg)
+
+    def _stop_leg_watch(self) -> None:
+        watch, self.leg_watch = self.leg_watch, None
+        if watch is not None and watch is not asyncio.current_task():
+            watch.cancel()
+
     async def transfer(self, destination: str) -> None:
-        """Hand the call on: a REFER to `destination` (a SIP URI, or a number through the trunk), after
-        which the far end calls it and this dialog ends."""
+        """Hand the call on: joined to the person already called (a warm transfer), or a REFER to
+        `destination` (a SIP URI, or a number through the trunk), after which the far end calls it
+        and this dialog ends."""
         if self.hung_up:
             return
+        if self.leg is not None and self.leg.destination == destination and self.media is not None:
+            return await self._join(self.leg)
         self.hung_up = True
         uri = self.calls.transfer_uri(destination)
         log.info("%s: transferring the call to %s (REFER)", self.label, mask_number(uri))
         self.calls.signalling.run(Signalling.transfer, self.dialog, uri)
         self.socket.gone()
 
+    async def _join(self, leg: Leg) -> None:
+        """Relay the caller and the person to each other until one of them hangs up; then the other
+        is hung up too. The call keeps its slot meanwhile (the record ends `transferred`)."""
+        assert self.media is not None
+        self.leg = None
+        self._stop_leg_watch()
+        ended_by = await bridge(self.media, self.gone, leg, self.calls.runtime.settings.sip.rtp_timeout_s,
+                                self.label)
+        log.info("%s: the joined call with %s ended (%s hung up or went silent)", self.label, leg.name, ended_by)
+        await self.calls.end_leg(leg)
+        if not self.gone.is_set():
+            await self._hang_up("the transfer's person hung up")
+        self.hung_up = True
+        self.socket.gone()
+
     def far_end_hung_up(self, why: str) -> None:
         self.hung_up = True
-        if self.call is not None:
+        self.gone.set()
+        if self.call is not None and self.call.end_reason != "transferred":  # (a joined call stays transferred)
             self.call.end_reason = "hangup"
         self.socket.gone()
 
@@ -90,7 +160,7 @@ class SipCall:
 class Dialing:
     """A call being placed out: its line, and what became of it so far."""
 
-    line: SipCall
+    line: SipCall | None  # None: a warm transfer's call to the person (a Leg once answered)
     state: asyncio.Queue[Progress] = field(default_factory=asyncio.Queue)
 
 
@@ -104,6 +174,7 @@ class SipCalls:
                                      self._progress)
         self.calls: dict[int, SipCall] = {}  # id(dialog) -> call
         self.dialing: dict[int, Dialing] = {}  # id(dialog) -> a call placed out, until answered or failed
+        self.legs: dict[int, Leg] = {}  # id(dialog) -> a warm transfer's person, answered, until hung up
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
@@ -112,18 +183,25 @@ class SipCalls:
     async def stop(self) -> None:
         for call in list(self.calls.values()):
             await call.socket.close(1001, "the server is shutting down")
+        for leg in list(self.legs.values()):
+            await self.end_leg(leg)
         await self.signalling.stop()
 
-    def _spawn(self, work: Any) -> asyncio.Task[None]:
+    def spawn(self, work: Any) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
 
     def _invite(self, invite: Invite) -> None:
-        self._spawn(self._take(invite))
+        self.spawn(self._take(invite))
 
     def _hangup(self, dialog: Any, origin: str) -> None:
+        leg = self.legs.get(id(dialog))
+        if leg is not None:
+            log.info("SIP: the warm transfer's %s hung up (%s)", leg.name, origin)
+            leg.ended.set()
+            return
         if id(dialog) not in self.calls and id(dialog) not in self.dialing:
             dialog.ended_early = True  # a CANCEL before the answer: _answer gives the call up
         call = self.calls.get(id(dialog))
@@ -242,13 +320,13 @@ class SipCalls:
             await media.close()
             raise
         dialing = self.dialing[id(line.dialog)] = Dialing(line)
-        self._spawn(self._dial(dialing, placed, on_state, ring_timeout_s))
+        self.spawn(self._dial(dialing, placed, on_state, ring_timeout_s))
         return line.call.session_id
 
     async def _dial(self, dialing: Dialing, placed: dict[str, Any], on_state: Callable[[str, str], None],
                     ring_timeout_s: float) -> None:
         line = dialing.line
-        assert line.call is not None and line.media is not None
+        assert line is not None and line.call is not None and line.media is not None
         answered: Progress | None = None
         deadline = self.runtime.clock.now() + ring_timeout_s
         try:
@@ -287,6 +365,62 @@ class SipCalls:
                 line.call.release()
                 await line.media.close()
 
+    # -- warm transfers -------------------------------------------------------------------------------
+    async def dial_leg(self, name: str, destination: str, ring_timeout_s: float) -> Leg:
+        """Call a warm transfer's person (through the trunk for a number) and wait for the answer:
+        the answered Leg, its media flowing; ToolFailed with what happened if not answered, ValueError
+        for a destination that cannot be called. Takes no call slot (no models run on it)."""
+        target, called = self.target(destination)
+        media = await open_rtp(self.config.host, (self.config.rtp_port_min, self.config.rtp_port_max),
+                               lambda: RtpSession(ReplyTrack(self.runtime.clock, SAMPLE_RATE), self.config.reorder_ms,
+                                                  _drop, _drop))
+        offer = sdp.write(self.signalling.address, media.port, (PCMU, PCMA), sdp.DTMF_TYPE)
+        assert self.signalling.reactor is not None
+        try:
+            dialog = await asyncio.to_thread(self.signalling.reactor.call_sync, self.signalling.dial, target, called,
+                                             offer)
+        except BaseException:
+            await media.close()
+            raise
+        dialing = self.dialing[id(dialog)] = Dialing(None)
+        deadline = self.runtime.clock.now() + ring_timeout_s
+        try:
+            while True:
+                try:
+                    progress = await asyncio.wait_for(dialing.state.get(),
+                                                      max(deadline - self.runtime.clock.now(), 0.001))
+                except TimeoutError:
+                    self.signalling.run(Signalling.hang_up, dialog)
+                    raise ToolFailed(f"{name} did not answer within {ring_timeout_s:g} s") from None
+                if progress.state == "failed":
+                    raise ToolFailed(f"{name} did not answer: {progress.code} {progress.reason}".strip())
+                if progress.state == "answered":
+                    break
+            try:
+                answer = sdp.parse(progress.sdp)
+                codec = answer.codec()
+            except sdp.SdpError as exc:
+                self.signalling.run(Signalling.hang_up, dialog)
+                raise ToolFailed(f"{name}'s phone answered with media this server cannot use: {exc}") from None
+        except BaseException as exc:
+            if not isinstance(exc, ToolFailed):  # cut short (the call or the server ended): stop the ringing
+                self.signalling.run(Signalling.hang_up, dialog)
+            await media.close()
+            raise
+        finally:
+            self.dialing.pop(id(dialog), None)
+        media.start((answer.address, answer.port), codec, answer.dtmf_type())
+        leg = self.legs[id(dialog)] = Leg(name, destination, dialog, media)
+        return leg
+
+    async def end_leg(self, leg: Leg) -> None:
+        """Hang up a warm transfer's person (unless they did) and close the leg's media."""
+        self.legs.pop(id(leg.dialog), None)
+        if not leg.ended.is_set():
+            leg.ended.set()
+            self.signalling.run(Signalling.hang_up, leg.dialog)
+        await leg.media.close()
+
     # -- every call ----------------------------------------------------------------------------------
     def _line(self, dialog: Any, first_message: str | None) -> SipCall:
         """A call's parts, named in every log line by the call's id (its record's)."""
@@ -314,8 +448,10 @@ class SipCalls:
         self.calls[id(line.dialog)] = line
         media.track.on_played = lambda turn_id, ms: call.session.on_played(turn_id, ms) if call.session else None
         media.start((remote.address, remote.port), codec, remote.dtmf_type())
+        toolbox = runtime.toolbox()
+        toolbox.on_consult = line.consult  # transfer_call's warm targets (tools.warm_transfers)
         call.start_session(LineOutbound(media.track, runtime.metrics, line.label), input_rate=SAMPLE_RATE,
-                           output_rate=SAMPLE_RATE, toolbox=runtime.toolbox(), caller=caller, placed=placed,
+                           output_rate=SAMPLE_RATE, toolbox=toolbox, caller=caller, placed=placed,
                            system_prompt=line.instructions)
         log.info("%s: connected (%s, RTP %d <-> %s:%d)", line.label, CODEC_NAMES[codec], media.port, remote.address,
                  remote.port)
@@ -326,6 +462,11 @@ class SipCalls:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watch
+            await line.drop_leg()  # a person called for a warm transfer the call never reached
             await line.socket.close(1000)
             await media.close()
             self.calls.pop(id(line.dialog), None)
+
+
+async def _drop(*_: Any) -> None:
+    """A warm transfer's leg before it is joined: what the person says or keys goes nowhere."""

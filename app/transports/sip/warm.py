@@ -1,0 +1,112 @@
+"""Warm transfers on SIP (docs/sip.md#warm-transfers): the person a call is handed to is called
+first, on a second dialog of the server's (a leg), and hears who is calling and why before the two
+calls are joined. The server stays in the media path: each side's audio is relayed to the other's
+RTP track until one side hangs up or its RTP stops. That works with every trunk and phone (no
+REFER with Replaces, no re-INVITE), at the cost of one relay per joined call on this server.
+
+The steps, from the transfer_call tool (pipeline/tools.py) to the end of the call:
+1. `SipCall.consult`: dial the person (tools.transfer_ring_timeout_s); on their answer, say
+   tools.warm_transfer_message with the model's summary to them. The caller waits on the line;
+   if the person does not answer, the model is told so and the call goes on.
+2. The agent's reply after the tool is heard by the caller; then `SipCall.transfer` joins the calls
+   (`bridge`) instead of sending a REFER.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.transports.sip.rtp import SAMPLE_RATE, RtpSession
+from models.protocols import Audio
+from pipeline.audio import float_to_pcm16, resample
+from pipeline.config import TrimConfig
+from pipeline.session import Backends
+from pipeline.tools import ToolFailed
+from pipeline.trim import trim_phrase
+
+log = logging.getLogger(__name__)
+PREFILL_S = 0.04  # the relay's jitter buffer: each side's audio starts this far behind
+MAX_BEHIND_S = 0.3  # a relay further behind than this (a peer's clock runs fast) drops its backlog
+
+
+@dataclass
+class Leg:
+    """A warm transfer's call to the person: from their answer until the calls are joined (or it ends)."""
+
+    name: str  # the transfer target's name
+    destination: str  # as tools.transfer_targets has it
+    dialog: Any
+    media: RtpSession
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # the person hung up
+
+
+async def _ignore(*_: Any) -> None:
+    return None
+
+
+async def announce(leg: Leg, backends: Backends, trim: TrimConfig, text: str) -> None:
+    """Say `text` to the person (the synthesizer's padding trimmed as in replies) and wait until it
+    has all gone out as RTP. ToolFailed if they hang up meanwhile."""
+    tts = backends.tts
+    chunks = await backends.tts_worker.run(lambda: list(tts.synthesize(text)))
+    resampled = (resample(np.asarray(chunk, dtype=np.float32), tts.sample_rate, SAMPLE_RATE) for chunk in chunks)
+    for audio in trim_phrase(resampled, SAMPLE_RATE, text, trim):
+        leg.media.track.push(float_to_pcm16(audio), 0)
+    said = asyncio.ensure_future(leg.media.track.drained.wait())
+    gone = asyncio.ensure_future(leg.ended.wait())
+    try:
+        await asyncio.wait({said, gone}, timeout=leg.media.track.queued / SAMPLE_RATE + 5,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        said.cancel()
+        gone.cancel()
+    if leg.ended.is_set():
+        raise ToolFailed(f"{leg.name} answered but hung up before the call could be put through")
+
+
+def relay(track: Any) -> Any:
+    """The audio of one side, onto the other side's reply track, a jitter buffer's worth behind."""
+    started = False
+    silence = float_to_pcm16(np.zeros(int(PREFILL_S * SAMPLE_RATE), dtype=np.float32))
+
+    async def to_track(samples: Audio) -> None:
+        nonlocal started
+        if not started:
+            track.push(silence, 0)
+            started = True
+        elif track.queued > MAX_BEHIND_S * SAMPLE_RATE:
+            track.clear()
+            track.push(silence, 0)
+        track.push(float_to_pcm16(samples), 0)
+
+    return to_track
+
+
+async def bridge(caller: RtpSession, caller_gone: asyncio.Event, leg: Leg, rtp_timeout_s: float, label: str) -> str:
+    """Join the caller and the person until one of them hangs up or sends no RTP for
+    `rtp_timeout_s`: which side ended it ("caller", "person", "caller's media", "person's media")."""
+    caller.on_audio, caller.on_key = relay(leg.media.track), _ignore
+    leg.media.on_audio, leg.media.on_key = relay(caller.track), _ignore
+    log.info("%s: joined to %s (%s): relaying the audio both ways", label, leg.name, caller.payload_type)
+    clock = caller.clock
+    waits = {asyncio.ensure_future(caller_gone.wait()): "caller", asyncio.ensure_future(leg.ended.wait()): "person"}
+    try:
+        while True:
+            done, _ = await asyncio.wait(set(waits), timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+            if done:
+                return waits[done.pop()]
+            now = clock.now()
+            for side, media in (("caller's media", caller), ("person's media", leg.media)):
+                if now - media.last_packet_at >= rtp_timeout_s:
+                    return side
+    finally:
+        for wait in waits:
+            wait.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await wait
