@@ -33,6 +33,7 @@ FIRST_MESSAGE = "Hello, this is the dental clinic calling to remind you of your 
 
 
 DESK_PORT = free_udp_port()  # where the front desk's phone answers (a transfer target)
+BILLING_PORT = free_udp_port()  # where billing's phone answers (a warm transfer's target)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,9 @@ def sip_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
         # a trunk of ten channels: every call of it answered (the default, 8, is what this 2-core machine
         # serves talking at once; docs/sip.md)
         "VOICE_AGENT_SERVER__MAX_SESSIONS": "10",
-        "VOICE_AGENT_TOOLS__TRANSFER_TARGETS": f'{{"front desk": "sip:desk@127.0.0.1:{DESK_PORT}"}}',
+        "VOICE_AGENT_TOOLS__TRANSFER_TARGETS": f'{{"front desk": "sip:desk@127.0.0.1:{DESK_PORT}", '
+                                               f'"billing": "sip:billing@127.0.0.1:{BILLING_PORT}"}}',
+        "VOICE_AGENT_TOOLS__WARM_TRANSFERS": '["billing"]',
         "VOICE_AGENT_SERVER__LOG_CALLER_CONTENT": "info"})
     yield server, port
     stop_server(proc)
@@ -233,6 +236,39 @@ async def test_a_caller_who_asks_for_the_front_desk_is_transferred_there(
     assert record["call"]["end_reason"] == "transferred", record["call"]
     (tool_call,) = record["turns"][0]["tool_calls"]
     assert tool_call["name"] == "transfer_call" and "front desk" in tool_call["arguments"], tool_call
+
+
+async def test_a_caller_put_through_to_billing_is_announced_to_them_then_joined(
+        sip_server: tuple[Server, int], tmp_path: Path, recognizer: FasterWhisperRecognizer) -> None:
+    server, port = sip_server
+    rate = 8000
+    # billing's phone: silent while it hears who is calling, then the person speaks twice (once the calls
+    # are surely joined)
+    said = flite_samples("This is Sam in billing.", tmp_path, rate).astype(np.float32) / 32768
+    person_mic = write_wav(tmp_path / "billing.wav", np.concatenate(
+        [np.zeros(18 * rate, np.float32), said, np.zeros(6 * rate, np.float32), said,
+         np.zeros(15 * rate, np.float32)]))
+    person = Baresip(tmp_path / "billing", person_mic, port=BILLING_PORT, user="billing")
+    answering = await person.answering(60)
+    caller = Baresip(tmp_path / "caller", microphone(tmp_path, "Please transfer me to billing.", after_s=45))
+    before = calls_in_log(server)
+    heard = await caller.run(55, dial=f"sip:agent@127.0.0.1:{port}")
+    person_heard = await answering
+    assert heard.established and person_heard.established, heard.log[-2000:] + person_heard.log[-2000:]
+    (call_id,) = [c for c in calls_in_log(server) if c not in before]
+    log = server.log()
+    assert re.search(rf"{call_id}: warm transfer: billing answered and was told", log), log[-4000:]
+    assert re.search(rf"{call_id}: joined to billing", log), log[-4000:]
+    # billing heard who was calling before anything else; the caller heard the agent, then billing's person
+    told = heard_words(recognizer, person_heard.audio())
+    assert {"virtual", "assistant"} <= set(told), told  # tools.warm_transfer_message, its first words
+    caller_heard = heard_words(recognizer, heard.audio())
+    assert "sam" in caller_heard, caller_heard
+    async with httpx.AsyncClient(base_url=server.base_url, headers={"Authorization": f"Bearer {KEY}"}) as http:
+        record = await until(http, f"/api/calls/{call_id}", record_ended)
+    assert record["call"]["end_reason"] == "transferred", record["call"]
+    (tool_call,) = record["turns"][0]["tool_calls"]
+    assert tool_call["name"] == "transfer_call" and "billing" in tool_call["arguments"], tool_call
 
 
 VOICEMAIL = "Hello Jordan, this is the dental clinic. Your appointment is tomorrow at nine. Goodbye."
