@@ -279,6 +279,10 @@ class EchoConfig(BaseModel):
         "the echo of what was just played would be (at the line's measured echo return) is held down (-40 dB) "
         "before the VAD: what the adaptive filter has not yet learned in a call's first seconds. A caller this much "
         "quieter than the bot's echo is not heard over it; 0: no gate")
+    drop_after_s: float = Field(
+        2.0, ge=0, le=60, description="a found echo is dropped (the caller's audio passes untouched again) once the "
+        "delay search has gone this long over the bot's playing without seeing it at its delay: a caller who took "
+        "the phone off speakerphone, or a find that was never the bot; 0: a found echo is kept for the call")
     suppress_db: int = Field(-40, ge=-90, le=0, description="residual echo suppression while only the bot talks")
     suppress_active_db: int = Field(-15, ge=-90, le=0, description="residual echo suppression while the caller "
                                     "talks over the bot")

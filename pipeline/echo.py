@@ -34,6 +34,17 @@ log = logging.getLogger(__name__)
 
 RATE = 16000
 FRAME = 160  # 10 ms: the canceller's frame
+# A found echo still shows where the correlation within 4 ms of its delay stands this many standard deviations
+# high (DelayEstimator.strength). Offline replays of cancel_echo on espeak-ng speech through tests/speakerphone.py's
+# room (delays 10-990 ms, rooms of 0.3 and 0.6 s, 16 and 8 kHz lines, frames jittered by up to 50 ms): a real echo
+# gave 45-117 alone, 17 and up under noise as loud as it, 9-66 under a caller 10-15 dB louder talking over it;
+# once it had gone, 1.3-4.3 over the room's noise or the caller's speech.
+STILL_THERE = 8.0
+# A window where the caller's audio is more than this louder than the found echo would be (at its measured echo
+# return) tells nothing of it: under a caller 20 dB louder (an 8 kHz line, 700 ms, a 0.6 s room) a real echo's
+# correlation stayed under STILL_THERE for 13 windows in a row (3.25 s). Counting the rest, a real echo was never
+# unseen for more than 3 windows in a row (0.75 s; EchoConfig.drop_after_s is 2 s).
+BURIED_DB = 10.0
 _ECHO_SET_SAMPLING_RATE = 24
 _PREPROCESS_SET_DENOISE = 0
 _PREPROCESS_SET_NOISE_SUPPRESS = 18
@@ -122,6 +133,10 @@ class EchoCanceller:
             out[i:i + FRAME] = self._out
         self._mic, self._played = self._mic[whole:], self._played[whole:]
         return out.astype(np.float32) / 32768.0
+
+    def pending(self) -> Audio:
+        """The microphone's samples given but not yet processed (less than a 10 ms frame)."""
+        return self._mic
 
     def __del__(self) -> None:
         lib = getattr(self, "_lib", None)
@@ -219,10 +234,14 @@ class DelayEstimator:
     over delays up to `max_delay_ms`, every `every_s` while the bot is heard. A peak counts where it stands
     `min_peak` standard deviations above the correlation and `min_lead` times above its highest point more than
     3 ms away (an echo gives 60-100 and 10-25 alone, 20-60 and 3-12 under a caller 10 dB louder; another voice
-    at most 23 and 2.6: tests/pipeline/test_echo.py), and an estimate once two peaks in a row agree within 4 ms."""
+    at most 23 and 2.6: tests/pipeline/test_echo.py), and an estimate once two peaks in a row agree within 4 ms.
+    A peak within `edge_ms` of either end of the searched delays does not count: beyond them the correlation may
+    rise higher, and no echo comes back within 3 ms of the playhead. A 300 Hz tone arriving in jittered bursts
+    against a 200 Hz reply gave such peaks, 85-94 high, at 0 and at 1000 ms (bench/echo_false_find.py: false
+    finds in 13 of 180 runs, none with the edges left out)."""
 
     def __init__(self, max_delay_ms: int = 1000, window_s: float = 1.0, every_s: float = 0.25,
-                 min_dbfs: float = -55.0, min_peak: float = 30.0, min_lead: float = 3.0) -> None:
+                 min_dbfs: float = -55.0, min_peak: float = 30.0, min_lead: float = 3.0, edge_ms: int = 3) -> None:
         self.lags = RATE * max_delay_ms // 1000
         self.window = int(window_s * RATE)
         self.every = int(every_s * RATE)
@@ -232,8 +251,10 @@ class DelayEstimator:
         self._heard = 0  # samples heard, up to a window's worth
         self._since = 0  # samples heard since the last estimate
         self._last: int | None = None
+        self._corr: np.ndarray | None = None  # the last window's correlation over its spread; None if quiet
         self._n = 1 << int(np.ceil(np.log2(2 * self.window + self.lags)))
         self._near = RATE * 3 // 1000
+        self._edge = RATE * edge_ms // 1000
 
     def hear(self, mic: Audio) -> None:
         mic = mic[-self.window:]
@@ -256,18 +277,33 @@ class DelayEstimator:
         self._since = 0
         quiet = np.mean(played[-self.window:] ** 2) < self.min_power or np.mean(self._mic ** 2) < self.min_power / 100
         if quiet or self._heard < self.window // 2:  # half a window of the caller: enough, and sooner
-            self._last = None
+            self._last = self._corr = None
             return None
         spectrum = np.conj(np.fft.rfft(self._mic, self._n)) * np.fft.rfft(played, self._n)
         corr = np.fft.irfft(spectrum / (np.abs(spectrum) + 1e-12), self._n)[:self.lags + 1]
+        corr = corr / max(float(np.std(corr)), 1e-12)
+        self._corr = corr
         peak = int(np.argmax(corr))
         elsewhere = np.concatenate([corr[:max(0, peak - self._near)], corr[peak + self._near + 1:]])
-        sure = (corr[peak] >= self.min_peak * float(np.std(corr))
+        sure = (corr[peak] >= self.min_peak and self._edge <= peak <= self.lags - self._edge
                 and (not len(elsewhere) or corr[peak] >= self.min_lead * float(np.max(elsewhere))))
         delay = self.lags - peak
         agreed = sure and self._last is not None and abs(delay - self._last) <= RATE * 4 // 1000
         self._last = delay if sure else None
         return delay if agreed else None
+
+    def strength(self, played: Audio, delay: int, erl: float) -> float | None:
+        """How clearly the last window (`played` as `estimate` had it) holds the echo found `delay` behind at echo
+        return `erl`: the correlation at its highest within 4 ms of that delay, in standard deviations of the
+        correlation. None where the window cannot tell: it was not searched (quiet, or too little heard), what
+        was played `delay` before it is quiet (a reply whose echo has not yet come back), or the caller's audio
+        is more than `BURIED_DB` louder than the echo would be (talking over it: the echo correlates weaker)."""
+        lagged = float(np.mean(played[self.lags - delay:self.lags - delay + self.window] ** 2))
+        buried = np.mean(self._mic ** 2) > 10 ** (BURIED_DB / 10) * erl * lagged
+        if self._corr is None or lagged < self.min_power or buried:
+            return None
+        peak, near = self.lags - delay, RATE * 4 // 1000
+        return float(np.max(self._corr[max(0, peak - near):max(0, peak + near + 1)], initial=0.0))
 
 
 class EchoGate:
@@ -313,20 +349,30 @@ class EchoGate:
         return clean * self.floor
 
 
-async def cancel_echo(frames: AsyncIterator[AudioFrame], track: PlayedTrack, config: EchoConfig
-                      ) -> AsyncIterator[AudioFrame]:
-    """The caller's frames without the bot's echo. They pass untouched until the delay estimator finds the bot in
-    them (a line with no echo, the usual one, is never touched); from then on the canceller, its filter spanning
-    `tail_ms`, is fed the played audio that much later less `margin_ms`, and the echo gate holds down what the
-    canceller has not yet learned. An estimate that moves by a little (the network's and the client's jitter) is
-    left to the filter; one that leaves the filter's first half (a client whose buffer grew) places the filter
-    again, with a fresh canceller."""
+async def cancel_echo(frames: AsyncIterator[AudioFrame], track: PlayedTrack, config: EchoConfig,
+                      estimator: DelayEstimator | None = None) -> AsyncIterator[AudioFrame]:
+    """The caller's frames without the bot's echo. They pass untouched until the delay estimator (`estimator`, a
+    bench's; by default one over `max_delay_ms`) finds the bot in them (a line with no echo, the usual one, is
+    never touched); from then on the canceller, its filter spanning `tail_ms`, is fed the played audio that much
+    later less `margin_ms`, and the echo gate holds down what the canceller has not yet learned. An estimate that
+    moves by a little (the network's and the client's jitter) is left to the filter; one that leaves the filter's
+    first half (a client whose buffer grew) places the filter again, with a fresh canceller.
+
+    A found echo is dropped (the canceller and the gate with it: the caller's audio passes untouched again) once
+    the search has gone `drop_after_s` of the caller's audio, over which the bot was played where its echo would
+    be heard, without the correlation standing `STILL_THERE` standard deviations high within 4 ms of the delay
+    found: a caller who took the phone off speakerphone, or a find that was never the bot. A window that cannot tell
+    (quiet, or the caller `BURIED_DB` louder than the echo would be) counts neither way; the search goes on and
+    finds the echo again should it come back. An echo that goes with the bot playing on is dropped 2.4 s later
+    over the room's noise or a caller as loud as the echo was (tests/pipeline/test_echo.py)."""
     canceller: EchoCanceller | None = None
     gate: EchoGate | None = None
     timeline = MicTimeline()
-    estimator = DelayEstimator(config.max_delay_ms)
+    estimator = estimator if estimator is not None else DelayEstimator(config.max_delay_ms)
     shift = 0  # the played audio is read this many samples before the caller's (once the canceller is made)
     delay = 0
+    unseen = 0  # samples of the caller's audio searched since the found echo last showed
+    erl = 1.0  # the found echo's return, measured where the canceller was made
     margin, span = RATE * config.margin_ms // 1000, RATE * config.tail_ms // 2000
     async for frame in frames:
         heard = timeline.place(len(frame.samples), frame.at)
@@ -336,20 +382,32 @@ async def cancel_echo(frames: AsyncIterator[AudioFrame], track: PlayedTrack, con
         at = track.index(heard)
         n = len(frame.samples)
         estimator.hear(frame.samples)
+        held = np.zeros(0, dtype=np.float32)  # what a dropped canceller had not yet processed
         if estimator.due():
             played = track.read(at + n - estimator.window - estimator.lags, estimator.window + estimator.lags)
             found = estimator.estimate(played)
             if found is not None:
-                track.echo_ms, delay = 1000 * found / RATE, found
-                if canceller is None or not shift + margin // 2 <= found <= shift + span:
+                track.echo_ms, delay, unseen = 1000 * found / RATE, found, 0
+                if canceller is None or not (shift and shift + margin // 2) <= found <= shift + span:
                     log.info("the bot's echo is in the caller's audio, %.0f ms behind the playhead (found %.1f s "
                              "after the bot first played): cancelling it", track.echo_ms, at / RATE)
-                    shift = max(0, found - margin)
+                    shift, erl = max(0, found - margin), estimator.echo_return(played, found)
                     canceller = EchoCanceller(config.tail_ms, config.suppress_db, config.suppress_active_db)
                 if gate is None and config.gate_margin_db > 0:
-                    gate = EchoGate(estimator.echo_return(played, found), config.gate_margin_db)
+                    gate = EchoGate(erl, config.gate_margin_db)
+            elif canceller is not None and config.drop_after_s > 0:
+                strength = estimator.strength(played, delay, erl)
+                if strength is not None:
+                    unseen = 0 if strength >= STILL_THERE else unseen + estimator.every
+                if unseen >= config.drop_after_s * RATE:
+                    log.info("the bot's echo %.0f ms behind the playhead is no longer in the caller's audio (not "
+                             "seen over %.1f s of the bot playing, %.1f s after the bot first played): no longer "
+                             "cancelling it", track.echo_ms, unseen / RATE, at / RATE)
+                    held = canceller.pending()
+                    canceller = gate = track.echo_ms = None
+                    unseen = 0
         if canceller is None:
-            yield frame
+            yield AudioFrame(np.concatenate([held, frame.samples]), frame.at) if len(held) else frame
             continue
         clean = canceller.process(frame.samples, track.read(at - shift, n))
         if gate is not None:
