@@ -138,6 +138,9 @@ async def test_a_warm_transfer_tells_the_person_first_then_joins_the_two_calls(
     agent = np.flatnonzero(level_at(caller_audio, AGENT_HZ, 0.1) > 0.05)
     person_at = heard_from(caller_audio, PERSON_HZ, 0.1)
     assert len(agent) >= 6 and person_at is not None and person_at >= agent[-1] * 0.1, (agent, person_at)
+    # while the person was called and told, the caller heard it ring (440 + 480 Hz), not silence
+    ringing = np.flatnonzero(level_at(caller_audio, 440, 0.1) > 0.015)
+    assert len(ringing) >= 10 and ringing[-1] * 0.1 < person_at, (ringing, person_at)
     assert record["call"]["end_reason"] == "transferred", record["call"]
     (tool_call,) = record["turns"][0]["tool_calls"]
     assert tool_call["name"] == "transfer_call" and "billing" in tool_call["arguments"]
@@ -163,4 +166,5 @@ async def test_a_person_who_does_not_answer_leaves_the_caller_with_the_agent(
     assert record["call"]["end_reason"] != "transferred", record["call"]
     # the agent's answer after the failed try was heard: 6 words of the fake voice, and nobody else
     assert (level_at(heard.audio(), AGENT_HZ, 0.1) > 0.05).sum() >= 6
+    assert (level_at(heard.audio(), 440, 0.1) > 0.015).sum() >= 10  # it rang while billing was called
     assert heard_from(heard.audio(), PERSON_HZ) is None

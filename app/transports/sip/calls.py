@@ -29,7 +29,7 @@ from app.transports.sip import sdp
 from app.transports.sip.endpoint import Invite, Progress, Signalling
 from app.transports.sip.line import DialogSocket, LineOutbound, LineWire
 from app.transports.sip.rtp import CODEC_NAMES, PCMA, PCMU, SAMPLE_RATE, RtpSession, open_rtp
-from app.transports.sip.warm import Leg, announce, bridge
+from app.transports.sip.warm import Leg, announce, bridge, ringback
 from app.transports.webrtc.media import ReplyTrack
 from pipeline.tools import ToolFailed
 
@@ -67,20 +67,27 @@ class SipCall:
         tools = calls.runtime.settings.tools
         await self.drop_leg()  # a second try replaces the first
         log.info("%s: warm transfer: calling %s first", self.label, name)
+        waited = asyncio.Event()  # the caller hears it ring meanwhile
+        ringing = asyncio.create_task(ringback(self.media.track, waited)) if self.media is not None else None
         try:
-            leg = await calls.dial_leg(name, destination, tools.transfer_ring_timeout_s)
-        except ValueError as exc:
-            raise ToolFailed(f"{name} cannot be called: {exc}") from None
-        self.leg = leg
-        assert calls.runtime.backends is not None
-        message = tools.warm_transfer_message.replace("{summary}", summary or "").replace("  ", " ").strip()
-        try:
-            await announce(leg, calls.runtime.backends, calls.runtime.settings.session.tts_trim, message)
-            if self.hung_up:
-                raise ToolFailed("the caller hung up while the person was called")
-        except BaseException:
-            await self.drop_leg()
-            raise
+            try:
+                leg = await calls.dial_leg(name, destination, tools.transfer_ring_timeout_s)
+            except ValueError as exc:
+                raise ToolFailed(f"{name} cannot be called: {exc}") from None
+            self.leg = leg
+            assert calls.runtime.backends is not None
+            message = tools.warm_transfer_message.replace("{summary}", summary or "").replace("  ", " ").strip()
+            try:
+                await announce(leg, calls.runtime.backends, calls.runtime.settings.session.tts_trim, message)
+                if self.hung_up:
+                    raise ToolFailed("the caller hung up while the person was called")
+            except BaseException:
+                await self.drop_leg()
+                raise
+        finally:
+            waited.set()
+            if ringing is not None:
+                await ringing
         log.info("%s: warm transfer: %s answered and was told; the calls are joined after the agent's words",
                  self.label, name)
         self.leg_watch = calls.spawn(self._join_or_drop(leg, tools.transfer_ring_timeout_s))

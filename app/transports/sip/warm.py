@@ -32,6 +32,11 @@ from pipeline.trim import trim_phrase
 
 log = logging.getLogger(__name__)
 PREFILL_S = 0.04  # the relay's jitter buffer: each side's audio starts this far behind
+# what the caller hears while the person is called and told: a ringback tone (440 + 480 Hz, 2 s on, 4 s off,
+# the North American cadence), quiet (-24 dBFS), 100 ms at a time
+RINGBACK_HZ, RINGBACK_ON_S, RINGBACK_OFF_S, RINGBACK_LEVEL = (440, 480), 2.0, 4.0, 0.063
+RINGBACK_CHUNK_S = 0.1
+RINGBACK_TURN = -1  # the track counts it as no turn's: no reply's "heard" moves with it
 MAX_BEHIND_S = 0.3  # a relay further behind than this (a peer's clock runs fast) drops its backlog
 
 
@@ -68,6 +73,31 @@ async def announce(leg: Leg, backends: Backends, trim: TrimConfig, text: str) ->
         gone.cancel()
     if leg.ended.is_set():
         raise ToolFailed(f"{leg.name} answered but hung up before the call could be put through")
+
+
+def ringback_cycle() -> bytes:
+    """One cadence of the ringback tone, 16-bit PCM at the line's rate."""
+    on = np.arange(int(RINGBACK_ON_S * SAMPLE_RATE)) / SAMPLE_RATE
+    tone = sum(np.sin(2 * np.pi * hz * on) for hz in RINGBACK_HZ) * (RINGBACK_LEVEL / len(RINGBACK_HZ))
+    return float_to_pcm16(np.concatenate([tone, np.zeros(int(RINGBACK_OFF_S * SAMPLE_RATE))]).astype(np.float32))
+
+
+async def ringback(track: Any, stop: asyncio.Event) -> None:
+    """The caller's ringback until `stop`: a chunk goes out only when nothing else waits to be sent to
+    them, so the agent's words (the tool's filler, its answer) are held back 100 ms at most."""
+    cycle, chunk = ringback_cycle(), int(RINGBACK_CHUNK_S * SAMPLE_RATE) * 2
+    at = 0
+    while not stop.is_set():
+        drained, stopped = asyncio.ensure_future(track.drained.wait()), asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({drained, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            drained.cancel()
+            stopped.cancel()
+        if stop.is_set() or track.readyState != "live":
+            return
+        track.push(cycle[at:at + chunk], RINGBACK_TURN)
+        at = (at + chunk) % len(cycle)
 
 
 def relay(track: Any) -> Any:
