@@ -388,7 +388,8 @@ async def cancel_echo(frames: AsyncIterator[AudioFrame], track: PlayedTrack, con
             found = estimator.estimate(played)
             if found is not None:
                 track.echo_ms, delay, unseen = 1000 * found / RATE, found, 0
-                if canceller is None or not (shift and shift + margin // 2) <= found <= shift + span:
+                low = shift + margin // 2 if shift else 0  # (a filter placed at 0 covers the echo from 0)
+                if canceller is None or not low <= found <= shift + span:
                     log.info("the bot's echo is in the caller's audio, %.0f ms behind the playhead (found %.1f s "
                              "after the bot first played): cancelling it", track.echo_ms, at / RATE)
                     shift, erl = max(0, found - margin), estimator.echo_return(played, found)
@@ -397,8 +398,13 @@ async def cancel_echo(frames: AsyncIterator[AudioFrame], track: PlayedTrack, con
                     gate = EchoGate(erl, config.gate_margin_db)
             elif canceller is not None and config.drop_after_s > 0:
                 strength = estimator.strength(played, delay, erl)
-                if strength is not None:
-                    unseen = 0 if strength >= STILL_THERE else unseen + estimator.every
+                if strength is not None and strength >= STILL_THERE:
+                    unseen = 0
+                    # the return measured at the find may hold the caller's voice too: the quietest seen since
+                    # tells better when the caller is loud enough to bury the echo
+                    erl = min(erl, estimator.echo_return(played, delay))
+                elif strength is not None:
+                    unseen += estimator.every
                 if unseen >= config.drop_after_s * RATE:
                     log.info("the bot's echo %.0f ms behind the playhead is no longer in the caller's audio (not "
                              "seen over %.1f s of the bot playing, %.1f s after the bot first played): no longer "

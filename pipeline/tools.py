@@ -46,8 +46,10 @@ def transfer_tool(names: tuple[str, ...], warm: bool = False) -> Tool:
     if warm:
         properties["summary"] = {"type": "string", "description": "for the person who takes the call: who is "
                                  "calling and what they need, in one short sentence"}
+    say = ("say in the same reply that you are trying to reach them; the result tells whether they answered"
+           if warm else "say in the same reply that you are transferring them")
     return Tool(TRANSFER_CALL, "Transfer the phone call to a person. Use it when the caller asks for a person or "
-                "for something only a person can do; say in the same reply that you are transferring them.",
+                f"for something only a person can do; {say}.",
                 {"type": "object", "properties": properties, "required": ["target"]})
 
 
@@ -181,6 +183,7 @@ class ToolBox:
         self.on_end_call: Callable[[], None] | None = None
         self.on_transfer: Callable[[str, str], None] | None = None  # (target's name, destination): the line can
         self.on_consult: Consult | None = None  # how the line reaches a warm transfer's person first (SIP)
+        self.on_transfer_dropped: Callable[[], None] | None = None  # a warm transfer's person was not reached
 
     def declare(self, tools: Any, choice: Any = None, end_call: bool | None = None) -> None:
         """The client's own tools (session.start, session.update); a ConfigError says what is wrong."""
@@ -274,8 +277,13 @@ class ToolBox:
         assert self.on_transfer is not None
         if chosen in self.config.warm_transfers and self.on_consult is not None:
             summary = str(arguments.get("summary") or "").strip()[:300]
-            await self.on_consult(chosen, targets[chosen], summary)
-            self.on_transfer(chosen, targets[chosen])
+            self.on_transfer(chosen, targets[chosen])  # asked for in this turn, whatever comes meanwhile
+            try:
+                await self.on_consult(chosen, targets[chosen], summary)
+            except BaseException:
+                if self.on_transfer_dropped is not None:
+                    self.on_transfer_dropped()
+                raise
             return json.dumps({"ok": True, "connecting_to": chosen, "note": f"{chosen} answered and heard the "
                                "summary; the caller is connected to them after your reply"})
         self.on_transfer(chosen, targets[chosen])

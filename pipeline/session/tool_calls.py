@@ -47,6 +47,7 @@ class ToolCalls:
         self._asked: dict[str, asyncio.Future[str]] = {}  # client calls awaiting function_call.output
         self._tasks: set[asyncio.Task[Any]] = set()  # calls and their follow-ups: not stopped by barge-in
         self._ending_turn: int | None = None  # end_call was called in this turn: hang up after its goodbye
+        self._hang_up_turn: int | None = None  # ... by end_call itself (a transfer given up leaves it)
         self._goodbye: Goodbye | None = None
         if toolbox.ask_client is None:
             toolbox.ask_client = self.ask_client
@@ -54,6 +55,7 @@ class ToolCalls:
             toolbox.on_end_call = self.end_call
         if transfer is not None:
             toolbox.on_transfer = self.transfer_call
+            toolbox.on_transfer_dropped = self.transfer_dropped
 
     def _track(self, task: asyncio.Task[Any]) -> None:
         self._tasks.add(task)
@@ -203,7 +205,7 @@ class ToolCalls:
 
     def end_call(self) -> None:
         """The model called end_call: the call ends once this turn's goodbye has been heard."""
-        self._ending_turn = self.book.answering
+        self._ending_turn = self._hang_up_turn = self.book.answering
         log.info("turn %d: end_call: hanging up after the goodbye", self.book.answering)
 
     def transfer_call(self, name: str, destination: str) -> None:
@@ -213,11 +215,21 @@ class ToolCalls:
         self._transfer_to = destination
         log.info("turn %d: transfer_call: to %s after the turn's last words", self.book.answering, name)
 
+    def transfer_dropped(self) -> None:
+        """The transfer asked for will not happen (a warm transfer's person was not reached, or the
+        caller cut the turn's words short): the turn's words no longer hand the call on."""
+        if self._transfer_to is not None:
+            log.info("turn %s: the transfer is given up; the call goes on", self._ending_turn)
+            self._transfer_to, self._ending_turn = None, self._hang_up_turn
+
     def reply_done(self, reply: Reply, status: str) -> None:
         """A reply ended: the answer of the turn that called end_call hangs up once it was heard:
         the client's playback reports (the browser's, a phone line's marks) cover its audio, or,
         without reports, once it surely has played (it is sent at most session.output_lead_ms
-        ahead of playback) plus tools.goodbye_grace_ms."""
+        ahead of playback) plus tools.goodbye_grace_ms. A reply of a turn that asked for a transfer,
+        cut short by the caller, gives the transfer up."""
+        if status == "interrupted" and self._transfer_to is not None and self._ending_turn == reply.turn.turn_id:
+            self.transfer_dropped()
         if (status != "completed" or self._ending_turn != reply.turn.turn_id or reply.step == 1
                 or reply.fixed_text is not None or (self.hang_up is None and self._transfer_to is None)):
             return

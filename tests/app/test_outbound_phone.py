@@ -333,6 +333,11 @@ async def test_a_busy_telnyx_callee_ends_the_call_at_its_signed_hangup_webhook(t
             unsigned = await http.post(f"http://{host}/telnyx/events", json={"data": {"event_type": "call.hangup",
                                                                                        "payload": hangup}})
         assert unsigned.status_code == 403
+        for stamp in ("\u00b2", "9" * 5000):  # a digit Python reads but int() does not; a number of any length
+            async with httpx.AsyncClient(timeout=10) as http:
+                odd = await http.post(f"http://{host}/telnyx/events", content=b"{}", headers={
+                    "telnyx-timestamp": stamp.encode("latin-1"), "telnyx-signature-ed25519": "AAAA"})
+            assert odd.status_code == 403
         bad = await telnyx_webhook(host, "call.hangup", "not a payload")  # type: ignore[arg-type]
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "bad_event"
         assert (await placed(host, call["id"]))["status"] == "dialing" and len(runtime.sessions) == 1

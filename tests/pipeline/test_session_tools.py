@@ -17,7 +17,7 @@ from models.llm.tool_calls import Tool, ToolCall
 from pipeline.config import ToolsConfig
 from pipeline.events import FunctionCallDelta, FunctionCallRequest, ResponseDone
 from pipeline.session import Session
-from pipeline.tools import HttpTool, ToolBox
+from pipeline.tools import HttpTool, ToolBox, ToolFailed
 from tests.http_server import served
 from tests.pipeline.fakes import DistantClock, FakeLLM, RecordingOutbound
 from tests.pipeline.test_session import done_events, judged_session, make_session, pause_with_words, remade, speak
@@ -524,6 +524,46 @@ async def test_transfer_call_hands_the_call_on_once_its_last_words_were_heard() 
     assert moved == []  # not before they were heard
     session.on_played(words.turn_id, sum(len(a) for a in out.audio) / 2 / 8000 * 1000)
     assert moved == ["sip:desk@10.0.0.5"] and hung == []  # transferred, not hung up
+    await session.audio_in.put(None)
+    await task
+
+
+def warm_session(answered: bool) -> tuple[Session, RecordingOutbound, list[str], list[tuple[str, str, str]]]:
+    """A session whose line reaches billing warm (a fake consult): the person answers, or is busy."""
+    llm = FakeLLM([[ToolCall("call_tr", "transfer_call", json.dumps({"target": "billing",
+                                                                     "summary": "Jo wants a refund."}))],
+                   "I am putting you through now." if answered else "Billing is busy right now."])
+    session, out = make_session(llm, ["Billing, please."])
+    moved: list[str] = []
+    consulted: list[tuple[str, str, str]] = []
+
+    async def consult(name: str, destination: str, summary: str) -> None:
+        consulted.append((name, destination, summary))
+        if not answered:
+            raise ToolFailed("billing did not answer: 486 Busy Here")
+
+    box = ToolBox(ToolsConfig(transfer_targets={"billing": "sip:billing@10.0.0.7"}, warm_transfers=["billing"],
+                              goodbye_grace_ms=3_600_000), session.clock, [], None)
+    box.on_consult = consult
+    session = remade(session, toolbox=box, hang_up=lambda: None, transfer=moved.append)
+    return session, out, moved, consulted
+
+
+@pytest.mark.parametrize("answered", [True, False])
+async def test_a_warm_transfer_hands_the_call_on_only_if_the_person_answered(answered: bool) -> None:
+    session, out, moved, consulted = warm_session(answered)
+    offered = next(t for t in session.tool_calls.toolbox.tools(1).tools if t.name == "transfer_call")  # type: ignore[union-attr]
+    assert "summary" in offered.parameters["properties"]  # the model writes what the person is told
+    task = asyncio.create_task(session.run())
+    await turn(session, out, 2)
+    words = done_events(out)[1]
+    session.on_played(words.turn_id, sum(len(a) for a in out.audio) / 2 / 8000 * 1000)  # all heard
+    assert consulted == [("billing", "sip:billing@10.0.0.7", "Jo wants a refund.")]
+    result = json.loads(session.history[3].content)
+    if answered:
+        assert result["connecting_to"] == "billing" and moved == ["sip:billing@10.0.0.7"]
+    else:  # the model is told why, and the words after it hand nothing on
+        assert "486 Busy Here" in result["error"] and moved == []
     await session.audio_in.put(None)
     await task
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -123,7 +122,9 @@ def signature_ok(public_key: str, headers: Mapping[str, str], body: bytes, now: 
     """Whether `body` came from Telnyx: its Ed25519 signature over "<timestamp>|<body>" checks out
     with the account's public key, and its timestamp lies within `tolerance_s` of `now`."""
     stamp = headers.get(TIMESTAMP_HEADER, "")
-    if not public_key or not stamp.isdigit() or abs(now - int(stamp)) > tolerance_s:
+    if not public_key or not (stamp.isascii() and stamp.isdigit() and len(stamp) <= 12):  # (Unix seconds)
+        return False
+    if abs(now - int(stamp)) > tolerance_s:
         return False
     try:
         key = Ed25519PublicKey.from_public_bytes(base64.b64decode(public_key, validate=True))
@@ -152,7 +153,7 @@ async def events(request: Request) -> Response:
     body = await request.body()
     if len(body) > runtime.settings.phone.max_frame_bytes:
         return Response(status_code=413)
-    if config.check_signatures and not signature_ok(config.public_key, request.headers, body, time.time(),
+    if config.check_signatures and not signature_ok(config.public_key, request.headers, body, runtime.clock.wall(),
                                                     config.webhook_tolerance_s):
         runtime.metrics.error("bad_signature")
         log.warning("%s: refused a webhook without a valid %s (forged, stale, or telnyx.public_key %s)", EVENTS_PATH,

@@ -29,7 +29,7 @@ from app.transports.sip import sdp
 from app.transports.sip.endpoint import Invite, Progress, Signalling
 from app.transports.sip.line import DialogSocket, LineOutbound, LineWire
 from app.transports.sip.rtp import CODEC_NAMES, PCMA, PCMU, SAMPLE_RATE, RtpSession, open_rtp
-from app.transports.sip.warm import Leg, announce, bridge, ringback
+from app.transports.sip.warm import Leg, announce, bridge, ignore, ringback
 from app.transports.webrtc.media import ReplyTrack
 from pipeline.tools import ToolFailed
 
@@ -50,6 +50,7 @@ class SipCall:
         self.hung_up = False
         self.instructions: str | None = None  # the call's own system prompt (a call placed out)
         self.leg: Leg | None = None  # a warm transfer's person, called and told, waiting to be joined
+        self.consulting: str | None = None  # the name of the warm transfer's person being called and told
         self.leg_watch: asyncio.Task[None] | None = None  # hangs up on them if they are never joined
         self.gone = asyncio.Event()  # the far end hung up
 
@@ -63,12 +64,21 @@ class SipCall:
     async def consult(self, name: str, destination: str, summary: str) -> None:
         """A warm transfer's first step (app/transports/sip/warm.py): call the person and tell them
         who is calling; ToolFailed, which the model is told, if they cannot be reached."""
+        if self.consulting is not None:  # (two calls in one reply, or a new turn's while the first rings)
+            raise ToolFailed(f"{self.consulting} is being called already; wait for that to end")
+        self.consulting = name
+        try:
+            await self._consult(name, destination, summary)
+        finally:
+            self.consulting = None
+
+    async def _consult(self, name: str, destination: str, summary: str) -> None:
         calls = self.calls
         tools = calls.runtime.settings.tools
         await self.drop_leg()  # a second try replaces the first
         log.info("%s: warm transfer: calling %s first", self.label, name)
-        waited = asyncio.Event()  # the caller hears it ring meanwhile
-        ringing = asyncio.create_task(ringback(self.media.track, waited)) if self.media is not None else None
+        stop_ringing = asyncio.Event()  # the caller hears it ring meanwhile
+        ringing = asyncio.create_task(ringback(self.media.track, stop_ringing)) if self.media is not None else None
         try:
             try:
                 leg = await calls.dial_leg(name, destination, tools.transfer_ring_timeout_s)
@@ -76,7 +86,7 @@ class SipCall:
                 raise ToolFailed(f"{name} cannot be called: {exc}") from None
             self.leg = leg
             assert calls.runtime.backends is not None
-            message = tools.warm_transfer_message.replace("{summary}", summary or "").replace("  ", " ").strip()
+            message = tools.warm_transfer_message.replace("{summary}", summary).replace("  ", " ").strip()
             try:
                 await announce(leg, calls.runtime.backends, calls.runtime.settings.session.tts_trim, message)
                 if self.hung_up:
@@ -85,7 +95,7 @@ class SipCall:
                 await self.drop_leg()
                 raise
         finally:
-            waited.set()
+            stop_ringing.set()
             if ringing is not None:
                 await ringing
         log.info("%s: warm transfer: %s answered and was told; the calls are joined after the agent's words",
@@ -119,8 +129,13 @@ class SipCall:
         and this dialog ends."""
         if self.hung_up:
             return
-        if self.leg is not None and self.leg.destination == destination and self.media is not None:
-            return await self._join(self.leg)
+        leg = self.leg
+        if leg is not None and leg.destination == destination and self.media is not None:
+            if not leg.ended.is_set():
+                return await self._join(leg)
+            log.warning("%s: warm transfer: %s hung up after the message, before the calls were joined; sending the "
+                        "caller to them cold", self.label, leg.name)
+            await self.drop_leg()
         self.hung_up = True
         uri = self.calls.transfer_uri(destination)
         log.info("%s: transferring the call to %s (REFER)", self.label, mask_number(uri))
@@ -133,14 +148,16 @@ class SipCall:
         assert self.media is not None
         self.leg = None
         self._stop_leg_watch()
-        ended_by = await bridge(self.media, self.gone, leg, self.calls.runtime.settings.sip.rtp_timeout_s,
-                                self.label)
-        log.info("%s: the joined call with %s ended (%s hung up or went silent)", self.label, leg.name, ended_by)
-        await self.calls.end_leg(leg)
-        if not self.gone.is_set():
-            await self._hang_up("the transfer's person hung up")
-        self.hung_up = True
-        self.socket.gone()
+        try:
+            ended_by = await bridge(self.media, self.gone, leg, self.calls.runtime.settings.sip.rtp_timeout_s,
+                                    self.label)
+            log.info("%s: the joined call with %s ended (%s hung up or went silent)", self.label, leg.name, ended_by)
+        finally:  # (also when the server stops mid-call: both sides are hung up)
+            await self.calls.end_leg(leg)
+            if not self.gone.is_set():
+                await self._hang_up("the joined call ended")
+            self.hung_up = True
+            self.socket.gone()
 
     def far_end_hung_up(self, why: str) -> None:
         self.hung_up = True
@@ -168,6 +185,7 @@ class Dialing:
     """A call being placed out: its line, and what became of it so far."""
 
     line: SipCall | None  # None: a warm transfer's call to the person (a Leg once answered)
+    dialog: Any
     state: asyncio.Queue[Progress] = field(default_factory=asyncio.Queue)
 
 
@@ -192,6 +210,8 @@ class SipCalls:
             await call.socket.close(1001, "the server is shutting down")
         for leg in list(self.legs.values()):
             await self.end_leg(leg)
+        for dialing in list(self.dialing.values()):  # calls out, and warm transfers' persons, still ringing
+            self.signalling.run(Signalling.hang_up, dialing.dialog)
         await self.signalling.stop()
 
     def spawn(self, work: Any) -> asyncio.Task[None]:
@@ -326,7 +346,7 @@ class SipCalls:
             line.call.release()
             await media.close()
             raise
-        dialing = self.dialing[id(line.dialog)] = Dialing(line)
+        dialing = self.dialing[id(line.dialog)] = Dialing(line, line.dialog)
         self.spawn(self._dial(dialing, placed, on_state, ring_timeout_s))
         return line.call.session_id
 
@@ -380,16 +400,18 @@ class SipCalls:
         target, called = self.target(destination)
         media = await open_rtp(self.config.host, (self.config.rtp_port_min, self.config.rtp_port_max),
                                lambda: RtpSession(ReplyTrack(self.runtime.clock, SAMPLE_RATE), self.config.reorder_ms,
-                                                  _drop, _drop))
+                                                  ignore, ignore))
         offer = sdp.write(self.signalling.address, media.port, (PCMU, PCMA), sdp.DTMF_TYPE)
         assert self.signalling.reactor is not None
+        inviting = asyncio.ensure_future(asyncio.to_thread(self.signalling.reactor.call_sync, self.signalling.dial,
+                                                           target, called, offer))
         try:
-            dialog = await asyncio.to_thread(self.signalling.reactor.call_sync, self.signalling.dial, target, called,
-                                             offer)
+            dialog = await asyncio.shield(inviting)  # (cut short, the dialog it makes is still hung up)
         except BaseException:
+            inviting.add_done_callback(self._hang_up_made)
             await media.close()
             raise
-        dialing = self.dialing[id(dialog)] = Dialing(None)
+        dialing = self.dialing[id(dialog)] = Dialing(None, dialog)
         deadline = self.runtime.clock.now() + ring_timeout_s
         try:
             while True:
@@ -420,6 +442,11 @@ class SipCalls:
         leg = self.legs[id(dialog)] = Leg(name, destination, dialog, media)
         return leg
 
+    def _hang_up_made(self, inviting: asyncio.Future[Any]) -> None:
+        """A dialog whose INVITE went out after its caller gave up waiting for it: hung up."""
+        if not inviting.cancelled() and inviting.exception() is None:
+            self.signalling.run(Signalling.hang_up, inviting.result())
+
     async def end_leg(self, leg: Leg) -> None:
         """Hang up a warm transfer's person (unless they did) and close the leg's media."""
         self.legs.pop(id(leg.dialog), None)
@@ -442,7 +469,7 @@ class SipCalls:
         assert line.call is not None
         wire = line.call.wire
         assert isinstance(wire, LineWire)
-        track = ReplyTrack(self.runtime.clock, SAMPLE_RATE)
+        track = ReplyTrack(self.runtime.clock, SAMPLE_RATE, at_once=self.runtime.settings.session.reply_at_once)
         line.media = await open_rtp(self.config.host, (self.config.rtp_port_min, self.config.rtp_port_max),
                                     lambda: RtpSession(track, self.config.reorder_ms, wire.audio, wire.key))
         return line.media
@@ -474,6 +501,3 @@ class SipCalls:
             await media.close()
             self.calls.pop(id(line.dialog), None)
 
-
-async def _drop(*_: Any) -> None:
-    """A warm transfer's leg before it is joined: what the person says or keys goes nowhere."""

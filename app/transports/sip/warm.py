@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ PREFILL_S = 0.04  # the relay's jitter buffer: each side's audio starts this far
 # the North American cadence), quiet (-24 dBFS), 100 ms at a time
 RINGBACK_HZ, RINGBACK_ON_S, RINGBACK_OFF_S, RINGBACK_LEVEL = (440, 480), 2.0, 4.0, 0.063
 RINGBACK_CHUNK_S = 0.1
+RINGBACK_AFTER_S = 0.4  # the agent quiet this long first (longer than the pauses between its phrases)
 RINGBACK_TURN = -1  # the track counts it as no turn's: no reply's "heard" moves with it
 MAX_BEHIND_S = 0.3  # a relay further behind than this (a peer's clock runs fast) drops its backlog
 
@@ -51,8 +53,22 @@ class Leg:
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # the person hung up
 
 
-async def _ignore(*_: Any) -> None:
-    return None
+async def ignore(*_: Any) -> None:
+    """What a leg's person says or keys before the join, and keys on a joined call: nothing."""
+
+
+async def first_of(*waits: Coroutine[Any, Any, Any]) -> int:
+    """Which of `waits` ends first (its index); the others are cancelled."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        return next(i for i, task in enumerate(tasks) if task in done)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def announce(leg: Leg, backends: Backends, trim: TrimConfig, text: str) -> None:
@@ -63,14 +79,8 @@ async def announce(leg: Leg, backends: Backends, trim: TrimConfig, text: str) ->
     resampled = (resample(np.asarray(chunk, dtype=np.float32), tts.sample_rate, SAMPLE_RATE) for chunk in chunks)
     for audio in trim_phrase(resampled, SAMPLE_RATE, text, trim):
         leg.media.track.push(float_to_pcm16(audio), 0)
-    said = asyncio.ensure_future(leg.media.track.drained.wait())
-    gone = asyncio.ensure_future(leg.ended.wait())
-    try:
-        await asyncio.wait({said, gone}, timeout=leg.media.track.queued / SAMPLE_RATE + 5,
-                           return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        said.cancel()
-        gone.cancel()
+    track = leg.media.track
+    await first_of(track.drained.wait(), leg.ended.wait(), track.clock.sleep(track.queued / SAMPLE_RATE + 5))
     if leg.ended.is_set():
         raise ToolFailed(f"{leg.name} answered but hung up before the call could be put through")
 
@@ -82,20 +92,26 @@ def ringback_cycle() -> bytes:
     return float_to_pcm16(np.concatenate([tone, np.zeros(int(RINGBACK_OFF_S * SAMPLE_RATE))]).astype(np.float32))
 
 
+def _agent_sent(track: Any) -> int:
+    """The samples of every turn but the ringback's that the track has sent."""
+    return sum(count for turn, count in track.sent.items() if turn != RINGBACK_TURN)
+
+
 async def ringback(track: Any, stop: asyncio.Event) -> None:
-    """The caller's ringback until `stop`: a chunk goes out only when nothing else waits to be sent to
-    them, so the agent's words (the tool's filler, its answer) are held back 100 ms at most."""
+    """The caller's ringback until `stop`: it starts, and starts again, only once the agent has been
+    quiet for RINGBACK_AFTER_S (no tone between two of its phrases), and a chunk goes out only when
+    nothing else waits to be sent, so the agent's next words are held back 100 ms at most."""
     cycle, chunk = ringback_cycle(), int(RINGBACK_CHUNK_S * SAMPLE_RATE) * 2
-    at = 0
-    while not stop.is_set():
-        drained, stopped = asyncio.ensure_future(track.drained.wait()), asyncio.ensure_future(stop.wait())
-        try:
-            await asyncio.wait({drained, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            drained.cancel()
-            stopped.cancel()
-        if stop.is_set() or track.readyState != "live":
+    at, heard = 0, -1
+    while True:
+        if await first_of(stop.wait(), track.drained.wait()) == 0 or track.readyState != "live":
             return
+        spoken = _agent_sent(track)
+        if spoken != heard:  # the agent spoke since (or it is the start): ring after a pause of its own
+            heard = spoken
+            if await first_of(stop.wait(), track.clock.sleep(RINGBACK_AFTER_S)) == 0:
+                return
+            continue
         track.push(cycle[at:at + chunk], RINGBACK_TURN)
         at = (at + chunk) % len(cycle)
 
@@ -121,22 +137,15 @@ def relay(track: Any) -> Any:
 async def bridge(caller: RtpSession, caller_gone: asyncio.Event, leg: Leg, rtp_timeout_s: float, label: str) -> str:
     """Join the caller and the person until one of them hangs up or sends no RTP for
     `rtp_timeout_s`: which side ended it ("caller", "person", "caller's media", "person's media")."""
-    caller.on_audio, caller.on_key = relay(leg.media.track), _ignore
-    leg.media.on_audio, leg.media.on_key = relay(caller.track), _ignore
-    log.info("%s: joined to %s (%s): relaying the audio both ways", label, leg.name, caller.payload_type)
+    caller.on_audio, caller.on_key = relay(leg.media.track), ignore
+    leg.media.on_audio, leg.media.on_key = relay(caller.track), ignore
+    log.info("%s: joined to %s: relaying the audio both ways", label, leg.name)
     clock = caller.clock
-    waits = {asyncio.ensure_future(caller_gone.wait()): "caller", asyncio.ensure_future(leg.ended.wait()): "person"}
-    try:
-        while True:
-            done, _ = await asyncio.wait(set(waits), timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-            if done:
-                return waits[done.pop()]
-            now = clock.now()
-            for side, media in (("caller's media", caller), ("person's media", leg.media)):
-                if now - media.last_packet_at >= rtp_timeout_s:
-                    return side
-    finally:
-        for wait in waits:
-            wait.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await wait
+    while True:
+        ended = await first_of(caller_gone.wait(), leg.ended.wait(), clock.sleep(1.0))
+        if ended < 2:
+            return ("caller", "person")[ended]
+        now = clock.now()
+        for side, media in (("caller's media", caller), ("person's media", leg.media)):
+            if now - media.last_packet_at >= rtp_timeout_s:
+                return side
