@@ -316,7 +316,7 @@ async def one_phone_call(server: Server, question: str, tmp: Path, noisy: bool =
 
 
 SIP_CALLER: Any = None  # bench/sip_caller.py's SipCaller, made with the first SIP call
-SIP_PORT = 0  # the SIP port of the server this script starts (--transport sip)
+SIP_PORTS: dict[str, int] = {}  # the SIP port of each server this script starts (--transport sip), by its base URL
 
 
 async def one_sip_call(server: Server, question: str, tmp: Path) -> dict:
@@ -332,7 +332,7 @@ async def one_sip_call(server: Server, question: str, tmp: Path) -> dict:
     clip = np.concatenate([np.zeros(int(0.3 * PHONE_RATE), dtype=np.int16), samples])
     end_in_clip = 0.3 + speech_end_s(samples, PHONE_RATE)
     before = set(re.findall(r"(sip_[0-9a-f]{16}): a call from", server.log()))
-    start, received = await SIP_CALLER.call(("127.0.0.1", SIP_PORT), clip, after_s=14.0)
+    start, received = await SIP_CALLER.call(("127.0.0.1", SIP_PORTS[server.base_url]), clip, after_s=14.0)
     true_end = start + end_in_clip
     ids = [c for c in dict.fromkeys(re.findall(r"(sip_[0-9a-f]{16}): a call from", server.log())) if c not in before]
     if not ids:
@@ -756,7 +756,7 @@ def main() -> None:
     transports = ["ws", "twilio"] if args.transport == "both" else args.transport.split(",")
     if not transports or set(transports) - {"ws", "twilio", "realtime", "webrtc", "sip"}:
         parser.error(f"--transport {args.transport!r}: ws, twilio, realtime, webrtc, sip, or a comma-separated list")
-    global VOICE, NOISE, SIP_PORT
+    global VOICE, NOISE
     VOICE = args.voice
     print(f"CPU: {cpu.describe()}; caller voice: {VOICE}")
     if args.noise:
@@ -783,18 +783,22 @@ def main() -> None:
             if "twilio" in transports:
                 env.update(PHONE_ENV)
             if "sip" in transports:
-                from bench.sip_caller import _free_port
-
-                SIP_PORT = _free_port()
                 env.update({"VOICE_AGENT_SIP__ENABLED": "true", "VOICE_AGENT_SIP__HOST": "127.0.0.1",
-                            "VOICE_AGENT_SIP__PORT": str(SIP_PORT),
                             "VOICE_AGENT_SIP__TRUSTED_ADDRESSES": '["127.0.0.1"]',
                             "VOICE_AGENT_SERVER__LOG_CALLER_CONTENT": "info"})
             print("server settings:", env, "baseline adds:", baseline)
             urls: dict[str, str | Server | tuple[str, Server]] = {}
             for name, extra in (("defaults", {}), ("baseline", baseline)) if baseline else (("defaults", {}),):
+                sip_port = 0
+                if "sip" in transports:
+                    from bench.sip_caller import _free_port
+
+                    sip_port = _free_port()
+                    extra = {**extra, "VOICE_AGENT_SIP__PORT": str(sip_port)}
                 server, proc = start_server(Path(tmp), env={**env, **extra})
                 stack.callback(stop_server, proc)
+                if sip_port:
+                    SIP_PORTS[server.base_url] = sip_port
                 suffix = f"-{name}" if baseline else ""
                 for transport in transports:
                     label = transport + suffix if len(transports) > 1 else name

@@ -87,7 +87,9 @@ async def test_speech_over_the_reply_clears_the_track_and_keeps_what_went_out(se
         started = await caller.wait_for("output_audio_buffer.started", 20)
         await asyncio.sleep(0.6)
         mark = len(caller.events)
-        caller.mic.say(tone(1.0))
+        # longer than session.barge_in_max_hold_ms (1.5 s): the reply is cut while the caller still talks, so
+        # the next turn's reply cannot begin within the silent stretch checked below
+        caller.mic.say(tone(2.2))
         cleared = await caller.wait_for("output_audio_buffer.cleared", 10, after=mark)
         assert cleared["response_id"] == started["response_id"]
         done = await caller.wait_for("response.done", 10, after=mark)
