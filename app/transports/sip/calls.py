@@ -469,7 +469,7 @@ class SipCalls:
         assert line.call is not None
         wire = line.call.wire
         assert isinstance(wire, LineWire)
-        track = ReplyTrack(self.runtime.clock, SAMPLE_RATE, at_once=self.runtime.settings.session.reply_at_once)
+        track = ReplyTrack(self.runtime.clock, SAMPLE_RATE)
         line.media = await open_rtp(self.config.host, (self.config.rtp_port_min, self.config.rtp_port_max),
                                     lambda: RtpSession(track, self.config.reorder_ms, wire.audio, wire.key))
         return line.media
