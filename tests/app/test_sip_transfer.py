@@ -140,7 +140,7 @@ async def test_a_warm_transfer_tells_the_person_first_then_joins_the_two_calls(
     assert len(agent) >= 6 and person_at is not None and person_at >= agent[-1] * 0.1, (agent, person_at)
     # while the person was called and told, the caller heard it ring (440 + 480 Hz), not silence
     ringing = np.flatnonzero(level_at(caller_audio, 440, 0.1) > 0.015)
-    assert len(ringing) >= 10 and ringing[-1] * 0.1 < person_at, (ringing, person_at)
+    assert len(ringing) >= 3 and ringing[-1] * 0.1 < person_at, (ringing, person_at)
     assert record["call"]["end_reason"] == "transferred", record["call"]
     (tool_call,) = record["turns"][0]["tool_calls"]
     assert tool_call["name"] == "transfer_call" and "billing" in tool_call["arguments"]
@@ -166,28 +166,28 @@ async def test_a_person_who_does_not_answer_leaves_the_caller_with_the_agent(
     assert record["call"]["end_reason"] != "transferred", record["call"]
     # the agent's answer after the failed try was heard: 6 words of the fake voice, and nobody else
     assert (level_at(heard.audio(), AGENT_HZ, 0.1) > 0.05).sum() >= 6
-    assert (level_at(heard.audio(), 440, 0.1) > 0.015).sum() >= 10  # it rang while billing was called
+    assert (level_at(heard.audio(), 440, 0.1) > 0.015).sum() >= 3  # it rang while billing was called
     assert heard_from(heard.audio(), PERSON_HZ) is None
 
 
 async def test_a_person_who_hangs_up_before_the_calls_are_joined_gets_the_caller_cold(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Billing's phone hangs up 3 s after it answered: after the 2.1 s message, before the agent's 3 s answer
+    """Billing's phone hangs up 4 s after it answered: after the 2.1 s message, before the agent's 6 s answer
     to the caller has been heard and the calls would be joined. The caller is sent to them with a REFER."""
     need("baresip")
     caplog.set_level("INFO", logger="app.transports.sip")
     person_port = free_udp_port()
     tools = ToolsConfig(transfer_targets={"billing": f"sip:billing@127.0.0.1:{person_port}"},
                         warm_transfers=["billing"], warm_transfer_message=MESSAGE)
-    long_answer = " ".join(["I am putting you through to billing now, thank you for waiting."] * 3)  # 33 words
+    long_answer = " ".join(["I am putting you through to billing now, thank you for waiting."] * 6)  # 66 words
     llm = FakeLLM([[ToolCall("call_tr", "transfer_call", json.dumps({"target": "billing", "summary": SUMMARY}))],
                    long_answer])
     async with server(tmp_path, llm, tools) as (sip_port, host, _):
-        person = Baresip(tmp_path / "person", write_wav(tmp_path / "person.wav", tone(PERSON_HZ, 3.0, 0.1)),
+        person = Baresip(tmp_path / "person", write_wav(tmp_path / "person.wav", tone(PERSON_HZ, 4.0, 0.1)),
                          port=person_port, user="billing")  # (baresip hangs up when its microphone's file ends)
         answering = await person.answering(30)
         caller = Baresip(tmp_path / "caller", caller_microphone(tmp_path))
-        heard = await caller.run(20, dial=f"sip:agent@127.0.0.1:{sip_port}")
+        heard = await caller.run(24, dial=f"sip:agent@127.0.0.1:{sip_port}")
         person_heard = await answering
         record = await the_record(host)
     assert heard.established, heard.log[-2000:]
