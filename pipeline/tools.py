@@ -46,10 +46,8 @@ def transfer_tool(names: tuple[str, ...], warm: bool = False) -> Tool:
     if warm:
         properties["summary"] = {"type": "string", "description": "for the person who takes the call: who is "
                                  "calling and what they need, in one short sentence"}
-    say = ("say in the same reply that you are trying to reach them; the result tells whether they answered"
-           if warm else "say in the same reply that you are transferring them")
     return Tool(TRANSFER_CALL, "Transfer the phone call to a person. Use it when the caller asks for a person or "
-                f"for something only a person can do; {say}.",
+                "for something only a person can do; say in the same reply that you are transferring them.",
                 {"type": "object", "properties": properties, "required": ["target"]})
 
 
