@@ -23,7 +23,7 @@ from typing import Any
 
 from app.redact import mask_number
 from app.settings import SipConfig
-from app.transports.sip.reactor import Reactor, SipLog
+from app.transports.sip.reactor import Reactor, SipLog, transaction_manager
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,6 @@ class Signalling:
     # -- the reactor's side --------------------------------------------------------------------------
     def _bind(self) -> None:
         from sippy.SipConf import SipConf
-        from sippy.SipTransactionManager import SipTransactionManager
 
         SipConf.my_uaname = "voice-agent"
         SipConf.my_address = self.address
@@ -126,7 +125,7 @@ class Signalling:
         SipConf.allow_formats = (0, 8, 101)
         self.global_config = {"_sip_address": self.config.host, "_sip_port": self.config.port,
                               "_sip_logger": SipLog()}
-        self.manager = SipTransactionManager(self.global_config, self._on_request)
+        self.manager = transaction_manager(self.global_config, self._on_request)
         self.global_config["_sip_tm"] = self.manager
 
     def _on_request(self, request: Any, transaction: Any) -> Any:

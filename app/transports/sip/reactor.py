@@ -95,3 +95,27 @@ class Reactor:
             fn(*args)
         except Exception:
             log.exception("SIP: %s failed", getattr(fn, "__qualname__", fn))
+
+
+def transaction_manager(global_config: dict[str, Any], on_request: Callable[..., Any]) -> Any:
+    """Sippy's transaction manager, with its messages sent in the order the stack sends them.
+
+    Sippy's UDP server hands each message to one of three sending threads, so a 100 Trying and the
+    200 OK queued a few ms after it could leave in either order; a strict caller (SIPp's scenarios,
+    some trunks) then aborts the call on the late 100. Here one thread sends, in queue order, and
+    three still receive. Call on the reactor's thread (it imports sippy)."""
+    from sippy.SipTransactionManager import SipTransactionManager
+    from sippy.Udp_server import AsyncReceiver, Udp_server, Udp_server_opts
+
+    class OneSender(Udp_server_opts):
+        nworkers = 1  # sippy's opts copy themselves without it: a class attribute survives the copies
+
+    class InOrderUdpServer(Udp_server):
+        def __init__(self, global_config: dict[str, Any], uopts: Any) -> None:
+            super().__init__(global_config, OneSender(o=uopts))  # one sender and one receiver
+            self.areceivers.extend(AsyncReceiver(self) for _ in range(uopts.nworkers - 1))
+
+    class InOrderManager(SipTransactionManager):
+        model_udp_server = (InOrderUdpServer, Udp_server_opts)
+
+    return InOrderManager(global_config, on_request)
