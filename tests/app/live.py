@@ -1,12 +1,14 @@
-"""A real uvicorn server in a thread on a free loopback port, for tests that need a real socket
-(WebSocket handshakes, close codes and reasons as a real client sees them)."""
+"""A real uvicorn server on a free loopback port, for tests that need a real socket (WebSocket
+handshakes, close codes and reasons as a real client sees them): in a thread of its own (`live`), or
+in the test's own event loop (`serving`), where the test also reaches the app's runtime."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import uvicorn
@@ -45,3 +47,22 @@ def live(app: ASGIApp) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+@asynccontextmanager
+async def serving(app: FastAPI, stop_s: float = 10) -> AsyncIterator[str]:
+    """Serves `app` in the running event loop; yields its address as host:port once the runtime is
+    ready (the app's start-up done)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # the server's own error
+            raise RuntimeError("the test server stopped before it started")
+        await asyncio.sleep(0.01)
+    await app.state.runtime.ready.wait()
+    try:
+        yield f"127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, stop_s)

@@ -21,7 +21,6 @@ from urllib.parse import parse_qs, parse_qsl, urlsplit
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -33,6 +32,7 @@ from app.store.config import StorageConfig
 from models.llm.tool_calls import ToolCall
 from pipeline.config import AsrStageConfig, EndpointingConfig, ToolsConfig
 from pipeline.session import Backends
+from tests.app.live import serving
 from tests.http_server import served as served_api
 from tests.phone_sim import PhoneSim, call_records, dial, parse_twiml, twilio_signature
 from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad
@@ -122,16 +122,8 @@ async def server(tmp: Path, api: str, llm: FakeLLM | None = None, finals: list[s
     )
     app = create_app(settings, backends=Backends(FakeVad(), FakeRecognizer(finals or []),  # type: ignore[arg-type]
                                                  FakeSynthesizer(), llm or FakeLLM([])))
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    task = asyncio.create_task(uv.serve())
-    while not uv.started:
-        await asyncio.sleep(0.01)
-    await app.state.runtime.ready.wait()
-    try:
-        yield f"127.0.0.1:{uv.servers[0].sockets[0].getsockname()[1]}", app.state.runtime
-    finally:
-        uv.should_exit = True
-        await asyncio.wait_for(task, 10)
+    async with serving(app) as host:
+        yield host, app.state.runtime
 
 
 async def place(host: str, **body: Any) -> httpx.Response:

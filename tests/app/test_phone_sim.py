@@ -5,20 +5,19 @@ tests/e2e/test_phone.py."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
-import uvicorn
 from websockets.exceptions import InvalidStatus
 
 from app.main import create_app
 from app.settings import PhoneConfig, ServerConfig, Settings, TwilioConfig
 from pipeline.config import AsrStageConfig, EndpointingConfig, SessionConfig
 from pipeline.session import Backends
+from tests.app.live import serving
 from tests.phone_sim import PhoneSim, call_records, dial
 from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad
 from tests.pipeline.test_session import STORY
@@ -39,16 +38,8 @@ async def served(llm: FakeLLM, finals: list[str], **more: object) -> AsyncIterat
         **more,
     )
     app = create_app(settings, backends=Backends(FakeVad(), FakeRecognizer(finals), FakeSynthesizer(), llm))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
+    async with serving(app) as host:
+        yield host
 
 
 async def test_a_signed_call_plays_the_reply_in_real_time_and_echoes_its_marks(

@@ -17,7 +17,6 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 
 from app.main import create_app
 from app.settings import ServerConfig, Settings, SipConfig
@@ -25,6 +24,7 @@ from app.store.config import StorageConfig
 from models.llm.tool_calls import ToolCall
 from pipeline.config import AsrStageConfig, EndpointingConfig, ToolsConfig
 from pipeline.session import Backends
+from tests.app.live import serving
 from tests.pipeline.fakes import FakeLLM, FakeRecognizer, FakeSynthesizer, FakeVad
 from tests.sip_phone import Baresip, free_udp_port, need, write_wav
 
@@ -76,16 +76,8 @@ async def server(tmp: Path, llm: FakeLLM, tools: ToolsConfig) -> AsyncIterator[t
     )
     app = create_app(settings, backends=Backends(FakeVad(), FakeRecognizer(["Put me through to billing."]),  # type: ignore[arg-type]
                                                  FakeSynthesizer(), llm))
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    task = asyncio.create_task(uv.serve())
-    while not uv.started:
-        await asyncio.sleep(0.01)
-    await app.state.runtime.ready.wait()
-    try:
-        yield sip_port, f"127.0.0.1:{uv.servers[0].sockets[0].getsockname()[1]}", app.state.runtime
-    finally:
-        uv.should_exit = True
-        await asyncio.wait_for(task, 20)
+    async with serving(app, stop_s=20) as host:
+        yield sip_port, host, app.state.runtime
 
 
 def calling_billing() -> FakeLLM:
