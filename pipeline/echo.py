@@ -382,7 +382,7 @@ async def cancel_echo(frames: AsyncIterator[AudioFrame], track: PlayedTrack, con
         at = track.index(heard)
         n = len(frame.samples)
         estimator.hear(frame.samples)
-        held = np.zeros(0, dtype=np.float32)  # what a dropped canceller had not yet processed
+        held: Audio | None = None  # what a dropped canceller had not yet processed
         if estimator.due():
             played = track.read(at + n - estimator.window - estimator.lags, estimator.window + estimator.lags)
             found = estimator.estimate(played)
@@ -413,7 +413,10 @@ async def cancel_echo(frames: AsyncIterator[AudioFrame], track: PlayedTrack, con
                     canceller = gate = track.echo_ms = None
                     unseen = 0
         if canceller is None:
-            yield AudioFrame(np.concatenate([held, frame.samples]), frame.at) if len(held) else frame
+            if held is not None and len(held):
+                yield AudioFrame(np.concatenate([held, frame.samples]), frame.at)
+            else:
+                yield frame
             continue
         clean = canceller.process(frame.samples, track.read(at - shift, n))
         if gate is not None:
