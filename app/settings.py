@@ -277,10 +277,14 @@ class WebRTCConfig(BaseModel):
     max_offer_bytes: int = Field(
         65_536, ge=1024, le=1_048_576, description="largest SDP offer taken")
     reorder_ms: int = Field(
-        200, ge=0, le=1000, description="the caller's audio comes in order of its RTP timestamps: a packet in its "
-        "place goes on at once, and a missing one is waited for until packets this far past it have come (then its "
-        "place is silence). With 5 % loss and 40 ms jitter, 60 ms dropped so many packets as late that the "
-        "recognizer's word error rate was 0.46; 200 ms: docs/benchmarks.md")
+        200, ge=0, le=1000, description="the caller's packets are decoded in sequence order: a packet in its place "
+        "goes on at once, and a missing one is waited for until packets this far past it have come (then its place "
+        "is filled: webrtc.conceal_loss). With 5 % loss and 40 ms jitter, 60 ms dropped so many packets as late "
+        "that the recognizer's word error rate was 0.46; 200 ms: docs/benchmarks.md")
+    conceal_loss: bool = Field(
+        True, description="the place of a caller's packet given up for lost is filled with their last pitch period, "
+        "held for 20 ms, then faded out over 40 ms (pipeline/conceal.py), not with silence: docs/benchmarks.md, "
+        "'Lost and reordered packets'")
     connect_timeout_s: float = Field(
         15.0, gt=0, le=300, description="a call whose peer connection and data channel are not up this long after "
         "its answer is ended and its slot freed")
@@ -316,6 +320,10 @@ class SipConfig(BaseModel):
     reorder_ms: int = Field(
         60, ge=0, le=1000, description="a caller's RTP packet this late takes its place still; later, its place "
         "is silence (a trunk rarely reorders; 60 ms is three packets)")
+    conceal_loss: bool = Field(
+        True, description="the place of a caller's packet given up for lost is filled with their last pitch period, "
+        "held for 20 ms, then faded out over 40 ms (pipeline/conceal.py), not with silence: docs/benchmarks.md, "
+        "'Lost and reordered packets'")
     rtp_timeout_s: float = Field(
         30.0, gt=0, le=3600, description="a call whose caller sends no RTP this long is ended (BYE)")
     trunk: SipTrunk = SipTrunk()

@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import fractions
 import json
+import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,12 +18,52 @@ import av
 import httpx
 import numpy as np
 from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
+from aiortc.rtp import RtpPacket
 
-from app.transports.webrtc.media import play_as_arrived
+from app.transports.webrtc.caller import Unwrapped
 
+log = logging.getLogger(__name__)
 MIC_RATE = 16000
 FRAME = MIC_RATE // 50  # 20 ms
+
+
+class AsArrived:
+    """The server's RTP packets to the caller's decoder as they arrive, in place of aiortc's audio jitter
+    buffer, which holds back 4 packets (80 ms) and stalls 320 ms on a lost one. Only a repeated packet is
+    dropped: the caller records each decoded frame with its arrival time and timestamp, and the benchmark
+    models a browser's jitter buffer from those (bench/voice_latency.py, webrtc_playout)."""
+
+    def __init__(self) -> None:
+        self.recent: deque[int] = deque(maxlen=64)  # the sequence numbers passed on lately
+
+    def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
+        """(whether to ask for a picture: never, for audio; the frame to decode, or None)."""
+        if packet.sequence_number in self.recent:
+            return False, None
+        self.recent.append(packet.sequence_number)
+        data: bytes = getattr(packet, "_data", b"")  # the receiver's depayloaded codec frame
+        return False, JitterFrame(data=data, timestamp=packet.timestamp)
+
+
+def play_as_arrived(pc: RTCPeerConnection) -> bool:
+    """Give `pc`'s audio receivers AsArrived instead of aiortc's jitter buffer, and timestamps that
+    allow for packets out of order (through their private attributes: aiortc has no setting for them).
+    False, and the defaults kept, where those attributes are not there (another aiortc version)."""
+    done = True
+    for transceiver in pc.getTransceivers():
+        receiver = transceiver.receiver
+        if transceiver.kind != "audio":
+            continue
+        if all(hasattr(receiver, f"_RTCRtpReceiver__{name}") for name in ("jitter_buffer", "timestamp_mapper")):
+            setattr(receiver, "_RTCRtpReceiver__jitter_buffer", AsArrived())  # noqa: B010 (a private name)
+            setattr(receiver, "_RTCRtpReceiver__timestamp_mapper", Unwrapped(32))  # noqa: B010
+        else:
+            done = False
+    if not done:
+        log.warning("this aiortc has no audio jitter buffer to replace: the caller's audio comes 80 ms late")
+    return done
 
 
 class Microphone(MediaStreamTrack):

@@ -57,8 +57,18 @@ def test_the_callers_packets_go_on_in_order_and_a_late_one_takes_its_place() -> 
     assert [round(float(a.mean()), 1) for a in out] == [0.2, 0.3]
 
 
+def test_a_lost_packet_is_concealed_to_its_length_once_the_window_has_passed() -> None:
+    vowel = 0.3 * np.sin(2 * np.pi * 150 * np.arange(480) / 8000)
+    stream = CallerStream(PCMU, reorder_ms=40)  # sip.conceal_loss on, the default
+    stream.add(parse_rtp(packet(1, 0, encode(PCMU, float_to_pcm16(vowel[:160].astype(np.float32))))))
+    assert stream.add(parse_rtp(packet(3, 320, encode(PCMU, float_to_pcm16(vowel[320:].astype(np.float32)))))) == []
+    out = stream.add(parse_rtp(packet(4, 480, tone(160, 0.4))))
+    assert [len(a) for a in out] == [160, 160, 160]  # packet 2's place, then 3 and 4
+    assert np.corrcoef(out[0], vowel[160:320])[0, 1] > 0.9  # the vowel carried on through the lost packet
+
+
 def test_a_lost_packet_becomes_silence_of_its_length_once_the_window_has_passed() -> None:
-    stream = CallerStream(PCMU, reorder_ms=40)  # 320 samples
+    stream = CallerStream(PCMU, reorder_ms=40, conceal=False)  # 320 samples
     stream.add(parse_rtp(packet(1, 0, tone(160, 0.1))))
     assert stream.add(parse_rtp(packet(3, 320, tone(160, 0.3)))) == []
     out = stream.add(parse_rtp(packet(4, 480, tone(160, 0.4))))

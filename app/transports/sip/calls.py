@@ -471,7 +471,8 @@ class SipCalls:
         assert isinstance(wire, LineWire)
         track = ReplyTrack(self.runtime.clock, SAMPLE_RATE)
         line.media = await open_rtp(self.config.host, (self.config.rtp_port_min, self.config.rtp_port_max),
-                                    lambda: RtpSession(track, self.config.reorder_ms, wire.audio, wire.key))
+                                    lambda: RtpSession(track, self.config.reorder_ms, wire.audio, wire.key,
+                                                                      self.config.conceal_loss))
         return line.media
 
     async def _run(self, line: SipCall, remote: sdp.Media, codec: int, caller: str | None,

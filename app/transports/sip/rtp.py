@@ -1,7 +1,8 @@
 """A SIP call's media: RTP over UDP (RFC 3550), G.711 mu-law or A-law, RFC 4733 keypad events.
 
 The caller's packets are put back in timestamp order (a packet up to `reorder_ms` late still takes
-its place; after that its place is silence of its length) and decoded to float32 at 8 kHz. The
+its place; after that its place is concealed, pipeline/conceal.py, or silence with `sip.conceal_loss`
+off) and decoded to float32 at 8 kHz. The
 reply goes out as one 20 ms packet every 20 ms, paced by the injected clock (`ReplyTrack`, as on a
 WebRTC call), silence between replies: what went out is what the caller heard.
 
@@ -24,6 +25,7 @@ import numpy as np
 from app.transports.webrtc.media import ReplyTrack
 from models.protocols import Audio
 from pipeline.audio import alaw_to_pcm16, mulaw_to_float, pcm16_to_alaw, pcm16_to_float, pcm16_to_mulaw
+from pipeline.conceal import Concealer
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +87,12 @@ def encode(payload_type: int, pcm16: bytes) -> bytes:
 
 class CallerStream:
     """The caller's packets in timestamp order (see the module doc): `add` returns the audio that can
-    go on now, in order, silence in the places of packets given up for lost."""
+    go on now, in order, concealed (or silent) in the places of packets given up for lost."""
 
-    def __init__(self, payload_type: int, reorder_ms: int) -> None:
+    def __init__(self, payload_type: int, reorder_ms: int, conceal: bool = True) -> None:
         self.payload_type = payload_type
         self.reorder = reorder_ms * SAMPLE_RATE // 1000
+        self.concealer = Concealer(SAMPLE_RATE) if conceal else None  # else lost packets are silence
         self.next: int | None = None  # the timestamp the next audio starts at (unwrapped)
         self.last_raw = 0
         self.unwrapped = 0
@@ -119,12 +122,15 @@ class CallerStream:
             if self.next in self.waiting:
                 audio = self.waiting.pop(self.next)
                 out.append(audio)
+                if self.concealer is not None:
+                    self.concealer.heard(audio)
                 self.next += len(audio)
                 continue
             if max(self.waiting) - self.next < self.reorder:
                 break
-            first = min(self.waiting)  # the missing packets are given up: silence in their place
-            out.append(np.zeros(first - self.next, dtype=np.float32))
+            first = min(self.waiting)  # the missing packets are given up: concealed (or silence) in their place
+            lost = first - self.next
+            out.append(self.concealer.fill(lost) if self.concealer is not None else np.zeros(lost, dtype=np.float32))
             self.next = first
         return out
 
@@ -153,12 +159,13 @@ class RtpSession(asyncio.DatagramProtocol):
     (`track`). `last_packet_at`: when the caller's last packet came (the clock's time)."""
 
     def __init__(self, track: ReplyTrack, reorder_ms: int, on_audio: Callable[[Audio], Awaitable[None]],
-                 on_key: Callable[[str], Awaitable[None]]) -> None:
+                 on_key: Callable[[str], Awaitable[None]], conceal: bool = True) -> None:
         self.track = track
         self.clock = track.clock
         self.reorder_ms = reorder_ms
+        self.conceal = conceal
         self.payload_type = PCMU  # the codec agreed (`start`)
-        self.stream = CallerStream(PCMU, reorder_ms)
+        self.stream = CallerStream(PCMU, reorder_ms, conceal)
         self.keys = KeypadEvents(None)
         self.on_audio, self.on_key = on_audio, on_key
         self.transport: asyncio.DatagramTransport | None = None
@@ -196,7 +203,7 @@ class RtpSession(asyncio.DatagramProtocol):
         """Media flows: the codec and the keys' payload type agreed, to `remote` until the caller's
         first packet says where it is."""
         self.payload_type = payload_type
-        self.stream = CallerStream(payload_type, self.reorder_ms)
+        self.stream = CallerStream(payload_type, self.reorder_ms, self.conceal)
         self.keys = KeypadEvents(dtmf_type)
         self.last_packet_at = self.clock.now()  # sip.rtp_timeout_s counts from here
         if not self.latched:

@@ -28,8 +28,9 @@ from app.security.guard import CLIENT_SLOT, TAKE_CALL_SLOT
 from app.security.limits import Slot
 from app.settings import WebRTCConfig
 from app.transports.call import Call, Wire
+from app.transports.webrtc.caller import CallerAudio, PacketTap, tap_packets
 from app.transports.webrtc.channel import ChannelSocket
-from app.transports.webrtc.media import CallerAudio, ReplyTrack, play_as_arrived
+from app.transports.webrtc.media import ReplyTrack
 
 log = logging.getLogger(__name__)
 TRACK_INPUT_RATE = 16000  # the caller's track, resampled from its codec's rate to the VAD's
@@ -121,6 +122,7 @@ async def _connect(call: Call, socket: ChannelSocket, pc: RTCPeerConnection, tra
     config = call.runtime.settings.webrtc
     track.on_played = wire.on_played
     readers: list[asyncio.Task[None]] = []
+    tap = PacketTap()
 
     @pc.on("datachannel")
     def on_datachannel(channel: Any) -> None:
@@ -132,7 +134,8 @@ async def _connect(call: Call, socket: ChannelSocket, pc: RTCPeerConnection, tra
     @pc.on("track")
     def on_track(remote: MediaStreamTrack) -> None:
         if remote.kind == "audio" and not readers:
-            reader = CallerAudio(remote, wire.track_audio, TRACK_INPUT_RATE, config.reorder_ms / 1000)
+            reader = CallerAudio(remote, tap, wire.track_audio, TRACK_INPUT_RATE, config.reorder_ms / 1000,
+                                 config.conceal_loss)
             readers.append(asyncio.create_task(reader.run()))
 
     @pc.on("connectionstatechange")
@@ -144,10 +147,14 @@ async def _connect(call: Call, socket: ChannelSocket, pc: RTCPeerConnection, tra
     try:
         await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         pc.addTrack(track)  # on the offer's audio transceiver: the reply goes back on it
-        play_as_arrived(pc)
+        if not tap_packets(pc, tap):
+            raise RuntimeError("this aiortc has no audio jitter buffer to take the caller's packets from; the "
+                               "server needs aiortc 1.14 to 1.x (pyproject.toml)")
         async with asyncio.timeout(config.ice_gathering_timeout_s):
             await pc.setLocalDescription(await pc.createAnswer())
     except (ValueError, TimeoutError, AttributeError, KeyError) as exc:
+        for reader in readers:  # started by the offer's track: its receiver never will be
+            reader.cancel()
         call.release()
         await pc.close()
         log.info("a WebRTC offer could not be answered: %r", exc)
